@@ -1,0 +1,120 @@
+package main
+
+import (
+	"fmt"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/stepready/stepready/migrations"
+)
+
+// newMigrateCommand builds `scheduler migrate` and its subcommands.
+func newMigrateCommand(opts *globalOptions) *cobra.Command {
+	var urlFlag string
+
+	cmd := &cobra.Command{
+		Use:   "migrate",
+		Short: "Migrate the database schema (stepready tables, functions and triggers, River's tables)",
+	}
+	cmd.PersistentFlags().StringVar(&urlFlag, "database-url", "",
+		"PostgreSQL URL to migrate (default $DATABASE_URL)")
+
+	up := &cobra.Command{
+		Use:   "up",
+		Short: "Apply every pending schema version, re-apply all functions and triggers, migrate River",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			url, err := databaseURL(urlFlag)
+			if err != nil {
+				return err
+			}
+			logger, err := opts.logger()
+			if err != nil {
+				return err
+			}
+			return migrations.Up(cmd.Context(), url, logger)
+		},
+	}
+
+	var steps int
+	down := &cobra.Command{
+		Use:   "down",
+		Short: "Remove River's tables, then step the stepready schema down (all versions unless --steps)",
+		Long: "Remove River's tables, then step the stepready schema down: every version with --steps 0 (the\n" +
+			"default), else that many versions. Data in removed tables is lost.",
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if steps < 0 {
+				return fmt.Errorf("--steps %d: must be 0 (all) or more", steps)
+			}
+			url, err := databaseURL(urlFlag)
+			if err != nil {
+				return err
+			}
+			logger, err := opts.logger()
+			if err != nil {
+				return err
+			}
+			return migrations.Down(cmd.Context(), url, logger, steps)
+		},
+	}
+	down.Flags().IntVar(&steps, "steps", 0, "number of stepready schema versions to remove; 0 removes all")
+
+	status := &cobra.Command{
+		Use:   "status",
+		Short: "Print the applied and latest schema versions",
+		Args:  cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			url, err := databaseURL(urlFlag)
+			if err != nil {
+				return err
+			}
+			state, err := migrations.Status(cmd.Context(), url)
+			if err != nil {
+				return err
+			}
+			dirty := ""
+			if state.Dirty {
+				dirty = " (dirty: a migration failed part-way; see `scheduler migrate force`)"
+			}
+			out := cmd.OutOrStdout()
+			fmt.Fprintf(out, "stepready schema: version %d of %d%s\n", state.Version, state.Latest, dirty)
+			fmt.Fprintf(out, "river schema:     version %d of %d\n", state.RiverVersion, state.RiverLatest)
+			if state.UpToDate() {
+				fmt.Fprintln(out, "up to date")
+			} else {
+				fmt.Fprintln(out, "pending: run `scheduler migrate up`")
+			}
+			return nil
+		},
+	}
+
+	force := &cobra.Command{
+		Use:   "force VERSION",
+		Short: "Record VERSION as the applied stepready schema version and clear the dirty flag (repair only)",
+		Long: "Record VERSION as the applied stepready schema version and clear the dirty flag, running no\n" +
+			"migration. Use it after a failed migration, once the database is repaired: every migration file runs\n" +
+			"in its own transaction, so after a failure the version really in place is the one before the failed one.\n" +
+			"VERSION -1 records that no version is applied.",
+		Args: cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			version, err := strconv.Atoi(args[0])
+			if err != nil {
+				return fmt.Errorf("VERSION %q: must be an integer", args[0])
+			}
+			url, err := databaseURL(urlFlag)
+			if err != nil {
+				return err
+			}
+			logger, err := opts.logger()
+			if err != nil {
+				return err
+			}
+			return migrations.Force(cmd.Context(), url, logger, version)
+		},
+	}
+
+	cmd.AddCommand(up, down, status, force)
+	return cmd
+}

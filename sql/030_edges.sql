@@ -1,0 +1,134 @@
+-- The dependency graph: edge validation and the per-step count of unsatisfied parents that keeps claiming
+-- O(ready steps).
+
+-- A parent satisfies a dependency when it is complete, resolved by an operator, or skipped (SPEC §5).
+CREATE OR REPLACE FUNCTION stepready._satisfies(p_state text)
+RETURNS bool
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_state IN ('complete', 'resolved_manually', 'skipped');
+$$;
+
+-- Terminal states never change again on their own.
+CREATE OR REPLACE FUNCTION stepready._is_terminal(p_state text)
+RETURNS bool
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT p_state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually');
+$$;
+
+-- Rejects an edge across tasks, a self-edge, and an edge that would close a cycle, naming both steps.
+CREATE OR REPLACE FUNCTION stepready._step_edges_validate()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    p stepready.steps;
+    c stepready.steps;
+BEGIN
+    IF TG_OP = 'UPDATE' THEN
+        RAISE EXCEPTION 'step_edges rows cannot be updated: delete the edge and insert a new one'
+            USING ERRCODE = '0A000';
+    END IF;
+    SELECT * INTO p FROM stepready.steps WHERE id = NEW.parent_step_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'edge % -> %: parent step % does not exist', NEW.parent_step_id, NEW.child_step_id,
+            NEW.parent_step_id USING ERRCODE = '23503';
+    END IF;
+    SELECT * INTO c FROM stepready.steps WHERE id = NEW.child_step_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'edge "%" -> %: child step % does not exist', p.name, NEW.child_step_id,
+            NEW.child_step_id USING ERRCODE = '23503';
+    END IF;
+    IF p.id = c.id THEN
+        RAISE EXCEPTION 'edge "%" -> "%" (task %): a step cannot depend on itself', p.name, c.name, p.task_id
+            USING ERRCODE = '23514';
+    END IF;
+    IF p.task_id <> c.task_id THEN
+        RAISE EXCEPTION 'edge "%" (task %) -> "%" (task %): both steps must belong to the same task',
+            p.name, p.task_id, c.name, c.task_id USING ERRCODE = '23514';
+    END IF;
+    -- Serialize edge changes per task so two transactions cannot each add half of a cycle.
+    PERFORM 1 FROM stepready.tasks WHERE id = p.task_id FOR UPDATE;
+    IF EXISTS (
+        WITH RECURSIVE reach(id) AS (
+            SELECT e.child_step_id FROM stepready.step_edges e WHERE e.parent_step_id = c.id
+            UNION
+            SELECT e.child_step_id FROM stepready.step_edges e JOIN reach r ON e.parent_step_id = r.id
+        )
+        SELECT 1 FROM reach WHERE id = p.id
+    ) THEN
+        RAISE EXCEPTION 'edge "%" -> "%" (task %) would close a dependency cycle', p.name, c.name, p.task_id
+            USING ERRCODE = '23514';
+    END IF;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER step_edges_validate
+    BEFORE INSERT OR UPDATE ON stepready.step_edges
+    FOR EACH ROW EXECUTE FUNCTION stepready._step_edges_validate();
+
+-- Keeps steps.pending_parents equal to the number of unsatisfied parents as edges come and go. Once per
+-- statement: a fan-in of N parents updates its child once, not N times.
+CREATE OR REPLACE FUNCTION stepready._step_edges_count()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF TG_OP = 'INSERT' THEN
+        UPDATE stepready.steps s
+           SET pending_parents = s.pending_parents + d.cnt
+          FROM (SELECT e.child_step_id, count(*)::int AS cnt
+                  FROM changed_edges e
+                  JOIN stepready.steps p ON p.id = e.parent_step_id
+                 WHERE NOT stepready._satisfies(p.state)
+                 GROUP BY e.child_step_id) d
+         WHERE s.id = d.child_step_id;
+    ELSE
+        -- Recount instead of decrementing: when the parent step itself is being deleted, its row (and so its
+        -- state) is already gone. Children deleted in the same statement simply match no row.
+        UPDATE stepready.steps s
+           SET pending_parents = (SELECT count(*) FROM stepready.step_edges e
+                                    JOIN stepready.steps p ON p.id = e.parent_step_id
+                                   WHERE e.child_step_id = s.id AND NOT stepready._satisfies(p.state))
+         WHERE s.id IN (SELECT child_step_id FROM changed_edges);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER step_edges_count_inserted
+    AFTER INSERT ON stepready.step_edges
+    REFERENCING NEW TABLE AS changed_edges
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._step_edges_count();
+
+CREATE OR REPLACE TRIGGER step_edges_count_deleted
+    AFTER DELETE ON stepready.step_edges
+    REFERENCING OLD TABLE AS changed_edges
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._step_edges_count();
+
+-- When a parent's satisfaction changes, so does every child's count.
+CREATE OR REPLACE FUNCTION stepready._steps_propagate_to_children()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF stepready._satisfies(OLD.state) <> stepready._satisfies(NEW.state) THEN
+        -- Children are locked in id order so concurrent updates of siblings cannot deadlock.
+        UPDATE stepready.steps s
+           SET pending_parents = GREATEST(s.pending_parents + CASE WHEN stepready._satisfies(NEW.state)
+                                                                 THEN -1 ELSE 1 END, 0)
+          FROM (SELECT c.id FROM stepready.steps c
+                 WHERE c.id IN (SELECT e.child_step_id FROM stepready.step_edges e WHERE e.parent_step_id = NEW.id)
+                 ORDER BY c.id FOR UPDATE) AS ch
+         WHERE s.id = ch.id;
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER steps_propagate_to_children
+    AFTER UPDATE OF state ON stepready.steps
+    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION stepready._steps_propagate_to_children();

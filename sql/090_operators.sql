@@ -1,0 +1,216 @@
+-- Operator functions (SPEC §9). Each one audits itself in step_events and refuses impossible transitions with
+-- SQLSTATE 55000 and a message naming the task or step and its state.
+
+CREATE OR REPLACE FUNCTION stepready._log_task(p_task_id bigint, p_event text, p_details jsonb, p_at timestamptz)
+RETURNS void
+LANGUAGE sql
+AS $$
+    INSERT INTO stepready.step_events (task_id, event, details, at)
+    VALUES (p_task_id, p_event, COALESCE(p_details, '{}'), COALESCE(p_at, clock_timestamp()));
+$$;
+
+-- Returns the task row locked, or raises P0002.
+CREATE OR REPLACE FUNCTION stepready._lock_task(p_task_id bigint)
+RETURNS stepready.tasks
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    t stepready.tasks;
+BEGIN
+    SELECT * INTO t FROM stepready.tasks WHERE id = p_task_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'task % does not exist', p_task_id USING ERRCODE = 'P0002';
+    END IF;
+    RETURN t;
+END;
+$$;
+
+-- Locks every step of a task (ascending id) and then the task row, and returns the task. Everything in stepready
+-- locks steps before their task (the lifecycle functions lock a step and their triggers then update the task),
+-- so task-level operators take the same order to never deadlock with a worker finishing a step.
+CREATE OR REPLACE FUNCTION stepready._lock_task_and_steps(p_task_id bigint)
+RETURNS stepready.tasks
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM 1 FROM stepready.steps WHERE task_id = p_task_id ORDER BY id FOR UPDATE;
+    RETURN stepready._lock_task(p_task_id);
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION stepready._refuse(p_message text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    RAISE EXCEPTION '%', p_message USING ERRCODE = '55000';
+END;
+$$;
+
+-- Cancels a task: every non-terminal step becomes cancelled (a running attempt is fenced out: its result will
+-- be refused). Returns how many steps were cancelled.
+CREATE OR REPLACE FUNCTION stepready.cancel_task(p_task_id bigint, p_reason text DEFAULT NULL,
+                                                 p_as_of timestamptz DEFAULT now())
+RETURNS int
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    t stepready.tasks := stepready._lock_task_and_steps(p_task_id);
+    s stepready.steps;
+    k int := 0;
+BEGIN
+    IF t.status IN ('complete', 'cancelled') THEN
+        PERFORM stepready._refuse(format('cannot cancel task %s: it is already %s', t.id, t.status));
+    END IF;
+    UPDATE stepready.tasks SET status = 'cancelled' WHERE id = t.id;
+    FOR s IN SELECT * FROM stepready.steps WHERE task_id = t.id AND NOT stepready._is_terminal(state)
+              ORDER BY id FOR UPDATE
+    LOOP
+        UPDATE stepready.steps SET state = 'cancelled', next_attempt_at = NULL, completed_at = p_as_of WHERE id = s.id;
+        PERFORM stepready._log(s, 'step.cancelled', s.state, 'cancelled',
+            jsonb_build_object('reason', p_reason), p_as_of);
+        k := k + 1;
+    END LOOP;
+    PERFORM stepready._log_task(t.id, 'operator.cancel',
+        jsonb_build_object('reason', p_reason, 'previous_status', t.status, 'steps_cancelled', k), p_as_of);
+    RETURN k;
+END;
+$$;
+
+-- Pauses a task: no step of it is claimed or started until resume_task. False when it was already paused.
+CREATE OR REPLACE FUNCTION stepready.pause_task(p_task_id bigint, p_as_of timestamptz DEFAULT now())
+RETURNS bool
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    t stepready.tasks := stepready._lock_task_and_steps(p_task_id);
+BEGIN
+    IF t.status IN ('complete', 'cancelled') THEN
+        PERFORM stepready._refuse(format('cannot pause task %s: it is %s', t.id, t.status));
+    END IF;
+    IF t.paused THEN
+        RETURN false;
+    END IF;
+    UPDATE stepready.tasks SET paused = true WHERE id = t.id;
+    PERFORM stepready._log_task(t.id, 'operator.pause', jsonb_build_object('status', t.status), p_as_of);
+    RETURN true;
+END;
+$$;
+
+-- Resumes a paused task. False when it was not paused.
+CREATE OR REPLACE FUNCTION stepready.resume_task(p_task_id bigint, p_as_of timestamptz DEFAULT now())
+RETURNS bool
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    t stepready.tasks := stepready._lock_task_and_steps(p_task_id);
+BEGIN
+    IF NOT t.paused THEN
+        RETURN false;
+    END IF;
+    UPDATE stepready.tasks SET paused = false WHERE id = t.id;
+    PERFORM stepready._log_task(t.id, 'operator.resume', jsonb_build_object('status', t.status), p_as_of);
+    RETURN true;
+END;
+$$;
+
+-- Retry now: clears the backoff of a waiting step; on a step in error grants exactly one more attempt (even
+-- after a non-retryable failure or an open breaker) by setting max_attempts to attempts + 1 and marking it
+-- retryable: whatever the next attempt does, no further retry follows from the grant.
+CREATE OR REPLACE FUNCTION stepready.retry_step_now(p_step_id bigint, p_as_of timestamptz DEFAULT now())
+RETURNS bool
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    s stepready.steps := stepready._lock_step(p_step_id);
+    t stepready.tasks;
+    n stepready.steps;
+BEGIN
+    SELECT * INTO t FROM stepready.tasks WHERE id = s.task_id;
+    IF t.status = 'cancelled' THEN
+        PERFORM stepready._refuse(format('cannot retry step %s ("%s"): task %s is cancelled', s.id, s.name, t.id));
+    END IF;
+    IF s.state IN ('pending', 'waiting_for_retry') THEN
+        UPDATE stepready.steps SET next_attempt_at = NULL WHERE id = s.id RETURNING * INTO n;
+    ELSIF s.state = 'error' THEN
+        UPDATE stepready.steps
+           SET state = stepready._ready_state(attempts),
+               max_attempts = attempts + 1,
+               retryable = true,
+               next_attempt_at = NULL
+         WHERE id = s.id
+        RETURNING * INTO n;
+    ELSE
+        PERFORM stepready._refuse(format('cannot retry step %s ("%s"): it is %s', s.id, s.name, s.state));
+    END IF;
+    PERFORM stepready._log(n, 'operator.retry_now', s.state, n.state,
+        jsonb_build_object('previous_next_attempt_at', s.next_attempt_at, 'previous_max_attempts', s.max_attempts,
+                           'previous_retryable', s.retryable), p_as_of);
+    RETURN true;
+END;
+$$;
+
+-- Marks a step resolved by hand with the given output; its dependents proceed as if it had completed.
+CREATE OR REPLACE FUNCTION stepready.resolve_step(p_step_id bigint, p_output jsonb, p_as_of timestamptz DEFAULT now())
+RETURNS bool
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    s stepready.steps := stepready._lock_step(p_step_id);
+    t stepready.tasks;
+    n stepready.steps;
+BEGIN
+    SELECT * INTO t FROM stepready.tasks WHERE id = s.task_id;
+    IF t.status = 'cancelled' THEN
+        PERFORM stepready._refuse(format('cannot resolve step %s ("%s"): task %s is cancelled', s.id, s.name, t.id));
+    END IF;
+    IF s.state IN ('complete', 'resolved_manually') THEN
+        PERFORM stepready._refuse(format('cannot resolve step %s ("%s"): it is already %s', s.id, s.name, s.state));
+    END IF;
+    UPDATE stepready.steps
+       SET state = 'resolved_manually', output = p_output, next_attempt_at = NULL, completed_at = p_as_of
+     WHERE id = s.id
+    RETURNING * INTO n;
+    PERFORM stepready._log(n, 'step.resolved', s.state, 'resolved_manually', '{}', p_as_of);
+    PERFORM stepready._log(n, 'operator.resolve', s.state, 'resolved_manually',
+        jsonb_build_object('output', p_output), p_as_of);
+    RETURN true;
+END;
+$$;
+
+-- Resume from failure: every error, skipped and cancelled step goes back to pending with a fresh retry budget;
+-- completed steps keep their outputs, and an iterating step keeps its iteration and input. Returns the number
+-- of steps reset.
+CREATE OR REPLACE FUNCTION stepready.reset_task(p_task_id bigint, p_as_of timestamptz DEFAULT now())
+RETURNS int
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    t stepready.tasks := stepready._lock_task_and_steps(p_task_id);
+    s stepready.steps;
+    k int := 0;
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM stepready.steps
+                    WHERE task_id = t.id AND state IN ('error', 'skipped', 'cancelled')) THEN
+        PERFORM stepready._refuse(format('cannot reset task %s (%s): it has no error, skipped or cancelled step',
+                                         t.id, t.status));
+    END IF;
+    IF t.status = 'cancelled' THEN
+        -- Lift the sticky cancelled status; the step changes below re-derive the rest.
+        UPDATE stepready.tasks SET status = 'in_progress' WHERE id = t.id;
+    END IF;
+    FOR s IN SELECT * FROM stepready.steps WHERE task_id = t.id AND state IN ('error', 'skipped', 'cancelled')
+              ORDER BY id FOR UPDATE
+    LOOP
+        UPDATE stepready.steps
+           SET state = 'pending', attempts = 0, next_attempt_at = NULL, breaker_fingerprint = NULL,
+               breaker_count = 0
+         WHERE id = s.id;
+        PERFORM stepready._log(s, 'operator.reset', s.state, 'pending', '{}', p_as_of);
+        k := k + 1;
+    END LOOP;
+    PERFORM stepready._log_task(t.id, 'operator.reset',
+        jsonb_build_object('previous_status', t.status, 'steps_reset', k), p_as_of);
+    RETURN k;
+END;
+$$;

@@ -1,0 +1,349 @@
+-- Task definitions (SPEC §10): one JSON document → one task, validated completely before anything is written.
+
+-- Checks the shape of a rules list (SPEC §8). CEL expressions themselves are compiled by the Go entry points;
+-- SQL checks only what it can: an array of {when, then} objects with an optional final {else}.
+CREATE OR REPLACE FUNCTION stepready._validate_rules(p_rules jsonb, p_where text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    r     jsonb;
+    i     int := 0;
+    n     int;
+    v_w   text;
+    v_act jsonb;
+BEGIN
+    IF p_rules IS NULL OR jsonb_typeof(p_rules) = 'null' THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(p_rules) <> 'array' THEN
+        PERFORM stepready._definition_error(p_where, format('must be an array of rules, got %s', jsonb_typeof(p_rules)));
+    END IF;
+    n := jsonb_array_length(p_rules);
+    FOR r IN SELECT value FROM jsonb_array_elements(p_rules) LOOP
+        v_w := format('%s[%s]', p_where, i);
+        IF jsonb_typeof(r) <> 'object' THEN
+            PERFORM stepready._definition_error(v_w, 'must be an object {when, then} or {else}');
+        END IF;
+        IF r ? 'else' THEN
+            PERFORM stepready._reject_unknown_keys(r, ARRAY['else'], v_w);
+            IF i <> n - 1 THEN
+                PERFORM stepready._definition_error(v_w, 'else must be the last rule');
+            END IF;
+            v_act := r -> 'else';
+            v_w := v_w || '.else';
+        ELSE
+            PERFORM stepready._reject_unknown_keys(r, ARRAY['when', 'then'], v_w);
+            IF stepready._json_text(r -> 'when', v_w || '.when') IS NULL OR NOT r ? 'then' THEN
+                PERFORM stepready._definition_error(v_w, 'a rule needs both when and then');
+            END IF;
+            v_act := r -> 'then';
+            v_w := v_w || '.then';
+        END IF;
+        IF jsonb_typeof(v_act) <> 'object' THEN
+            PERFORM stepready._definition_error(v_w, 'must be an object with a "do" field');
+        END IF;
+        IF NOT COALESCE(v_act ->> 'do', '') IN ('retry', 'fail', 'continue', 'repeat', 'break') THEN
+            PERFORM stepready._definition_error(v_w || '.do',
+                format('must be one of retry, fail, continue, repeat, break, got %s', COALESCE(v_act -> 'do', 'null')));
+        END IF;
+        i := i + 1;
+    END LOOP;
+END;
+$$;
+
+-- Validates a task definition and returns its step names in a topological order (parents first).
+-- Every message names the field and, for steps, the index and name: `steps[2] "load": depends_on: …`.
+CREATE OR REPLACE FUNCTION stepready._check_definition(p_definition jsonb)
+RETURNS text[]
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    d        jsonb := p_definition;
+    v_st     jsonb;
+    v_dep    jsonb;
+    v_i      int;
+    v_n      int;
+    v_w      text;
+    v_name   text;
+    v_index  jsonb := '{}';  -- step name → 0-based position
+    -- Kahn's algorithm over positions (1-based in the arrays).
+    v_indeg  int[];
+    v_kids   int[];          -- children of every step, grouped by parent (CSR layout)
+    v_start  int[];          -- v_kids offsets: children of k are v_kids[v_start[k] .. v_start[k+1]-1]
+    v_queue  int[];
+    v_head   int := 1;
+    v_order  text[] := '{}';
+    v_names  text[] := '{}';
+    v_k      int;
+    v_j      int;
+    v_cycle  text[];
+    v_cur    int;
+BEGIN
+    IF d IS NULL OR jsonb_typeof(d) <> 'object' THEN
+        PERFORM stepready._definition_error('definition', 'must be a JSON object');
+    END IF;
+    PERFORM stepready._reject_unknown_keys(d,
+        ARRAY['name', 'namespace', 'context', 'priority', 'idempotency_key', 'retry', 'steps'], 'definition');
+    IF stepready._json_text(d -> 'name', 'name') IS NULL THEN
+        PERFORM stepready._definition_error('name', 'is required');
+    END IF;
+    PERFORM stepready._json_text(d -> 'namespace', 'namespace');
+    IF jsonb_typeof(d -> 'context') NOT IN ('object', 'null') THEN
+        PERFORM stepready._definition_error('context', format('must be an object, got %s', jsonb_typeof(d -> 'context')));
+    END IF;
+    PERFORM stepready._json_integer(d -> 'priority', 'priority', -2147483648, 2147483647);
+    PERFORM stepready._json_text(d -> 'idempotency_key', 'idempotency_key');
+    PERFORM stepready._validate_retry(d -> 'retry', 'retry');
+    IF jsonb_typeof(d -> 'steps') IS DISTINCT FROM 'array' OR jsonb_array_length(d -> 'steps') = 0 THEN
+        PERFORM stepready._definition_error('steps', 'must be a non-empty array of steps');
+    END IF;
+    v_n := jsonb_array_length(d -> 'steps');
+
+    -- Pass 1: each step on its own; names must be unique.
+    v_i := 0;
+    FOR v_st IN SELECT value FROM jsonb_array_elements(d -> 'steps') LOOP
+        v_w := format('steps[%s]', v_i);
+        IF jsonb_typeof(v_st) <> 'object' THEN
+            PERFORM stepready._definition_error(v_w, 'must be an object');
+        END IF;
+        v_name := stepready._json_text(v_st -> 'name', v_w || ': name');
+        IF v_name IS NULL THEN
+            PERFORM stepready._definition_error(v_w || ': name', 'is required');
+        END IF;
+        v_w := format('steps[%s] "%s"', v_i, v_name);
+        v_names := v_names || v_name;
+        PERFORM stepready._reject_unknown_keys(v_st,
+            ARRAY['name', 'handler', 'input', 'depends_on', 'retry', 'timeout_ms', 'on_exhausted', 'rules',
+                  'max_iterations', 'collect', 'queue', 'priority', 'breaker_limit'], v_w);
+        IF stepready._json_text(v_st -> 'handler', v_w || ': handler') IS NULL THEN
+            PERFORM stepready._definition_error(v_w || ': handler', 'is required');
+        END IF;
+        PERFORM stepready._validate_retry(v_st -> 'retry', v_w || ': retry');
+        PERFORM stepready._json_integer(v_st -> 'timeout_ms', v_w || ': timeout_ms', 1);
+        IF COALESCE(stepready._json_text(v_st -> 'on_exhausted', v_w || ': on_exhausted'), 'fail_task')
+           NOT IN ('fail_task', 'skip', 'skip_cascade') THEN
+            PERFORM stepready._definition_error(v_w || ': on_exhausted',
+                format('must be fail_task, skip or skip_cascade, got %s', v_st -> 'on_exhausted'));
+        END IF;
+        PERFORM stepready._validate_rules(v_st -> 'rules', v_w || ': rules');
+        PERFORM stepready._json_integer(v_st -> 'max_iterations', v_w || ': max_iterations', 1, 2147483647);
+        IF COALESCE(stepready._json_text(v_st -> 'collect', v_w || ': collect'), 'replace')
+           NOT IN ('append', 'replace', 'merge') THEN
+            PERFORM stepready._definition_error(v_w || ': collect',
+                format('must be append, replace or merge, got %s', v_st -> 'collect'));
+        END IF;
+        PERFORM stepready._json_text(v_st -> 'queue', v_w || ': queue');
+        PERFORM stepready._json_integer(v_st -> 'priority', v_w || ': priority', -2147483648, 2147483647);
+        PERFORM stepready._json_integer(v_st -> 'breaker_limit', v_w || ': breaker_limit', 0, 2147483647);
+        IF jsonb_typeof(v_st -> 'depends_on') NOT IN ('array', 'null') THEN
+            PERFORM stepready._definition_error(v_w || ': depends_on', 'must be an array of step names');
+        END IF;
+        v_i := v_i + 1;
+    END LOOP;
+
+    -- Names are unique. (Built once here: growing a jsonb object step by step would cost O(steps²).)
+    SELECT format('steps[%s] "%s": name', o - 1, x), format('duplicate step name (also steps[%s])', first - 1)
+      INTO v_w, v_name
+      FROM (SELECT x, o, min(o) OVER (PARTITION BY x) AS first
+              FROM unnest(v_names) WITH ORDINALITY AS u(x, o)) d
+     WHERE o > first
+     ORDER BY o
+     LIMIT 1;
+    IF FOUND THEN
+        PERFORM stepready._definition_error(v_w, v_name);
+    END IF;
+    SELECT jsonb_object_agg(x, o - 1) INTO v_index FROM unnest(v_names) WITH ORDINALITY AS u(x, o);
+
+    -- Pass 2: dependencies name known steps, once each, never the step itself.
+    v_i := 0;
+    FOR v_st IN SELECT value FROM jsonb_array_elements(d -> 'steps') LOOP
+        v_w := format('steps[%s] "%s": depends_on', v_i, v_st ->> 'name');
+        FOR v_dep IN SELECT value FROM jsonb_array_elements(COALESCE(NULLIF(v_st -> 'depends_on', 'null'), '[]')) LOOP
+            IF jsonb_typeof(v_dep) <> 'string' THEN
+                PERFORM stepready._definition_error(v_w, format('must contain step names, got %s', v_dep));
+            ELSIF NOT v_index ? (v_dep #>> '{}') THEN
+                PERFORM stepready._definition_error(v_w, format('unknown step "%s"', v_dep #>> '{}'));
+            ELSIF v_dep #>> '{}' = v_st ->> 'name' THEN
+                PERFORM stepready._definition_error(v_w, 'a step cannot depend on itself');
+            END IF;
+        END LOOP;
+        IF (SELECT count(*) <> count(DISTINCT value)
+              FROM jsonb_array_elements_text(COALESCE(NULLIF(v_st -> 'depends_on', 'null'), '[]'))) THEN
+            PERFORM stepready._definition_error(v_w, 'lists a step twice');
+        END IF;
+        v_i := v_i + 1;
+    END LOOP;
+
+    -- Pass 3: no cycle. Kahn's algorithm, O(steps + edges).
+    -- In-degree of every step, its children grouped by parent, and where each parent's group starts.
+    SELECT array_agg(jsonb_array_length(COALESCE(NULLIF(e.x -> 'depends_on', 'null'), '[]')) ORDER BY ord)
+      INTO v_indeg
+      FROM jsonb_array_elements(d -> 'steps') WITH ORDINALITY AS e(x, ord);
+    WITH edges AS (
+        SELECT (v_index ->> e2.dep)::int + 1 AS parent, (v_index ->> (e.x ->> 'name'))::int + 1 AS child
+          FROM jsonb_array_elements(d -> 'steps') AS e(x),
+               jsonb_array_elements_text(COALESCE(NULLIF(e.x -> 'depends_on', 'null'), '[]')) AS e2(dep)
+    ), groups AS (
+        SELECT g.k, 1 + COALESCE(sum(c.cnt) OVER (ORDER BY g.k ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING),
+                                 0)::int AS first
+          FROM generate_series(1, v_n + 1) AS g(k)
+          LEFT JOIN (SELECT parent, count(*) AS cnt FROM edges GROUP BY parent) c ON c.parent = g.k
+    )
+    SELECT (SELECT COALESCE(array_agg(child ORDER BY parent, child), '{}') FROM edges),
+           (SELECT array_agg(first ORDER BY groups.k) FROM groups)
+      INTO v_kids, v_start;
+
+    v_queue := ARRAY(SELECT k2 FROM generate_subscripts(v_indeg, 1) AS k2 WHERE v_indeg[k2] = 0 ORDER BY k2);
+    WHILE v_head <= cardinality(v_queue) LOOP
+        v_k := v_queue[v_head];
+        v_head := v_head + 1;
+        v_order := v_order || v_names[v_k];
+        FOR v_j IN v_start[v_k] .. v_start[v_k + 1] - 1 LOOP
+            v_indeg[v_kids[v_j]] := v_indeg[v_kids[v_j]] - 1;
+            IF v_indeg[v_kids[v_j]] = 0 THEN
+                v_queue := v_queue || v_kids[v_j];
+            END IF;
+        END LOOP;
+    END LOOP;
+
+    IF cardinality(v_order) < v_n THEN
+        -- Every step left has a parent that is also left: walk parents until a step repeats.
+        SELECT min(k2) INTO v_cur FROM generate_subscripts(v_indeg, 1) AS k2 WHERE v_indeg[k2] > 0;
+        v_cycle := ARRAY[v_names[v_cur]];
+        LOOP
+            SELECT (v_index ->> p.dep)::int + 1 INTO v_cur
+              FROM jsonb_array_elements_text(d -> 'steps' -> (v_cur - 1) -> 'depends_on') AS p(dep)
+             WHERE v_indeg[(v_index ->> p.dep)::int + 1] > 0
+             LIMIT 1;
+            EXIT WHEN v_names[v_cur] = ANY (v_cycle);
+            v_cycle := v_cycle || v_names[v_cur];
+        END LOOP;
+        -- Keep only the loop itself, shown in dependency direction (parent -> child).
+        v_cycle := v_cycle[array_position(v_cycle, v_names[v_cur]):] || v_names[v_cur];
+        SELECT array_agg(x ORDER BY o DESC) INTO v_cycle FROM unnest(v_cycle) WITH ORDINALITY AS u(x, o);
+        PERFORM stepready._definition_error(
+            format('steps[%s] "%s": depends_on', v_index ->> v_cycle[1], v_cycle[1]),
+            format('dependency cycle %s', (SELECT string_agg(format('"%s"', x), ' -> ' ORDER BY o)
+                                             FROM unnest(v_cycle) WITH ORDINALITY AS u(x, o))));
+    END IF;
+    RETURN v_order;
+END;
+$$;
+
+-- Validates a definition without writing anything; raises the first problem found (SQLSTATE 22023).
+CREATE OR REPLACE FUNCTION stepready.validate_task_definition(p_definition jsonb)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    PERFORM stepready._check_definition(p_definition);
+END;
+$$;
+
+-- Creates a task from one JSON document and returns its id. An idempotency key already used returns the
+-- existing task and creates nothing.
+CREATE OR REPLACE FUNCTION stepready.create_task(p_definition jsonb)
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    d       jsonb := p_definition;
+    v_order text[];
+    v_id    bigint;
+    v_key   text;
+BEGIN
+    v_order := stepready._check_definition(d);
+    v_key := d ->> 'idempotency_key';
+    IF v_key IS NOT NULL THEN
+        SELECT id INTO v_id FROM stepready.tasks WHERE idempotency_key = v_key;
+        IF FOUND THEN
+            RETURN v_id;
+        END IF;
+    END IF;
+
+    INSERT INTO stepready.tasks (name, namespace, context, priority, retry, idempotency_key)
+    VALUES (d ->> 'name', COALESCE(d ->> 'namespace', 'default'), COALESCE(NULLIF(d -> 'context', 'null'), '{}'),
+            COALESCE((d ->> 'priority')::numeric::int, 0), NULLIF(d -> 'retry', 'null'), v_key)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING id INTO v_id;
+    IF v_id IS NULL THEN
+        -- A concurrent create with the same key won; it has committed by now (we waited on its index entry).
+        SELECT id INTO v_id FROM stepready.tasks WHERE idempotency_key = v_key;
+        RETURN v_id;
+    END IF;
+
+    INSERT INTO stepready.steps (task_id, name, handler, input, max_attempts, retryable, backoff, base_delay_ms,
+                                 multiplier, max_delay_ms, jitter, retry_policy, timeout_ms, on_exhausted, rules,
+                                 max_iterations, collect, queue, priority, breaker_limit)
+    SELECT v_id, st ->> 'name', st ->> 'handler', COALESCE(NULLIF(st -> 'input', 'null'), '{}'),
+           (st -> 'retry' ->> 'max_attempts')::numeric::int, (st -> 'retry' ->> 'retryable')::bool,
+           st -> 'retry' ->> 'backoff', (st -> 'retry' ->> 'base_delay_ms')::numeric::bigint,
+           (st -> 'retry' ->> 'multiplier')::float8, (st -> 'retry' ->> 'max_delay_ms')::numeric::bigint,
+           (st -> 'retry' ->> 'jitter')::float8, st -> 'retry' ->> 'policy',
+           (st ->> 'timeout_ms')::numeric::bigint, st ->> 'on_exhausted', NULLIF(st -> 'rules', 'null'),
+           (st ->> 'max_iterations')::numeric::int, st ->> 'collect', st ->> 'queue', (st ->> 'priority')::numeric::int,
+           (st ->> 'breaker_limit')::numeric::int
+      FROM jsonb_array_elements(d -> 'steps') WITH ORDINALITY AS e(st, ord)
+     ORDER BY ord;
+
+    -- Edges in topological order of the child: when a step's incoming edges are inserted it has no outgoing
+    -- edges yet, so the cycle check of the edge trigger finds nothing to walk.
+    INSERT INTO stepready.step_edges (parent_step_id, child_step_id)
+    SELECT p.id, c.id
+      FROM jsonb_array_elements(d -> 'steps') AS e(st)
+      JOIN stepready.steps c ON c.task_id = v_id AND c.name = e.st ->> 'name'
+     CROSS JOIN LATERAL jsonb_array_elements_text(COALESCE(NULLIF(e.st -> 'depends_on', 'null'), '[]')) AS dep(name)
+      JOIN stepready.steps p ON p.task_id = v_id AND p.name = dep.name
+      JOIN unnest(v_order) WITH ORDINALITY AS topo(name, pos) ON topo.name = c.name
+     ORDER BY topo.pos, p.id;
+    RETURN v_id;
+END;
+$$;
+
+CREATE OR REPLACE FUNCTION stepready._task_templates_validate()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    BEGIN
+        PERFORM stepready._check_definition(
+            NEW.definition || jsonb_build_object('name', COALESCE(NEW.definition ->> 'name', NEW.name)));
+    EXCEPTION WHEN invalid_parameter_value THEN
+        RAISE EXCEPTION 'template "%" version %: %', NEW.name, NEW.version, SQLERRM USING ERRCODE = '22023';
+    END;
+    RETURN NEW;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER task_templates_validate
+    BEFORE INSERT OR UPDATE ON stepready.task_templates
+    FOR EACH ROW EXECUTE FUNCTION stepready._task_templates_validate();
+
+-- Creates a task from the newest version of a template. p_context is merged over the template's context
+-- (its top-level keys win); a non-object p_context replaces it.
+CREATE OR REPLACE FUNCTION stepready.create_task_from_template(p_name text, p_context jsonb,
+                                                               p_idempotency_key text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    d jsonb;
+BEGIN
+    SELECT definition INTO d FROM stepready.task_templates WHERE name = p_name ORDER BY version DESC LIMIT 1;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'template "%" does not exist', p_name USING ERRCODE = 'P0002';
+    END IF;
+    d := d || jsonb_build_object('name', COALESCE(d ->> 'name', p_name));
+    IF p_context IS NOT NULL THEN
+        d := d || jsonb_build_object('context',
+            CASE WHEN jsonb_typeof(p_context) = 'object' AND jsonb_typeof(d -> 'context') = 'object'
+                 THEN (d -> 'context') || p_context
+                 ELSE p_context END);
+    END IF;
+    IF p_idempotency_key IS NOT NULL THEN
+        d := d || jsonb_build_object('idempotency_key', p_idempotency_key);
+    END IF;
+    RETURN stepready.create_task(d);
+END;
+$$;
