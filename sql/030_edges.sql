@@ -49,7 +49,7 @@ BEGIN
             p.name, p.task_id, c.name, c.task_id USING ERRCODE = '23514';
     END IF;
     -- Serialize edge changes per task so two transactions cannot each add half of a cycle.
-    PERFORM 1 FROM stepready.tasks WHERE id = p.task_id FOR UPDATE;
+    PERFORM 1 FROM stepready.tasks WHERE id = p.task_id FOR NO KEY UPDATE;
     IF EXISTS (
         WITH RECURSIVE reach(id) AS (
             SELECT e.child_step_id FROM stepready.step_edges e WHERE e.parent_step_id = c.id

@@ -33,7 +33,7 @@ AS $$
           FROM unnest(p_task_ids, p_d_total, p_d_unsatisfied, p_d_in_error, p_started, p_at)
                AS u(task_id, d_total, d_unsat, d_err, started, at)
     ), locked AS (
-        SELECT t.id FROM stepready.tasks t WHERE t.id IN (SELECT task_id FROM d) ORDER BY t.id FOR UPDATE
+        SELECT t.id FROM stepready.tasks t WHERE t.id IN (SELECT task_id FROM d) ORDER BY t.id FOR NO KEY UPDATE
     )
     UPDATE stepready.tasks t
        SET steps_total       = t.steps_total + d.d_total,

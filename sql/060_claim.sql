@@ -64,9 +64,11 @@ BEGIN
 
     -- 2. Start the pending tasks, locking them in id order: locks are always taken steps first, then tasks in
     --    ascending id, so concurrent claimers (and operators, which follow the same order) cannot deadlock.
+    --    NO KEY UPDATE, the lock an UPDATE of non-key columns takes anyway: FOR UPDATE would also block the
+    --    key-share locks that the step_events foreign key takes on every task of this claim.
     UPDATE stepready.tasks t SET status = 'in_progress'
       FROM (SELECT id FROM stepready.tasks WHERE id = ANY (v_task_ids) AND status = 'pending'
-             ORDER BY id FOR UPDATE) p
+             ORDER BY id FOR NO KEY UPDATE) p
      WHERE t.id = p.id;
 
     -- 3. Enqueue the steps with a lease and record it.

@@ -17,7 +17,7 @@ AS $$
 DECLARE
     t stepready.tasks;
 BEGIN
-    SELECT * INTO t FROM stepready.tasks WHERE id = p_task_id FOR UPDATE;
+    SELECT * INTO t FROM stepready.tasks WHERE id = p_task_id FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'task % does not exist', p_task_id USING ERRCODE = 'P0002';
     END IF;
