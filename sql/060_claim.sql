@@ -98,3 +98,15 @@ BEGIN
      ORDER BY c.task_priority DESC, c.priority DESC, c.next_attempt_at ASC NULLS FIRST, c.id;
 END;
 $$;
+
+-- When the next claimable step becomes due after p_as_of (NULL: none is waiting on a backoff). Daemons set their
+-- wake-up timer from it. Reads the claim index only; parents, pause and task status are already folded into it.
+CREATE OR REPLACE FUNCTION stepready.next_claim_at(p_as_of timestamptz DEFAULT now())
+RETURNS timestamptz
+LANGUAGE sql STABLE
+AS $$
+    SELECT min(COALESCE(s.next_attempt_at, '-infinity'::timestamptz))
+      FROM stepready.steps s
+     WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+       AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) > p_as_of;
+$$;

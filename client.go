@@ -1,0 +1,146 @@
+// Package stepready is the library API of the stepready scheduler: a Client that claims ready steps from the
+// stepready schema, dispatches them (through River or in-process) to the handlers of a steps.Registry, and
+// records their outcomes. `scheduler run` is a thin command over it; programs that embed stepready register
+// their own handlers and start a Client of their own.
+package stepready
+
+import (
+	"cmp"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stepready/stepready/steps"
+)
+
+// Dispatch modes.
+const (
+	// DispatchRiver inserts claimed steps as River jobs in the claim's transaction; any process running a Client
+	// against the database works them. The default.
+	DispatchRiver = "river"
+	// DispatchDirect runs claimed steps in this process's own worker pool.
+	DispatchDirect = "direct"
+)
+
+// Config defaults.
+const (
+	ConcurrencyDefault   = 10
+	LeaseDefault         = 30 * time.Second
+	LeaseMin             = 300 * time.Millisecond
+	ReapIntervalDefault  = 10 * time.Second
+	PollIntervalDefault  = 5 * time.Second
+	ShutdownGraceDefault = 10 * time.Second
+)
+
+// Config configures a Client. Zero values take the documented defaults.
+type Config struct {
+	// Registry holds the handlers this client can run. Required.
+	Registry *steps.Registry
+	// Dispatch is DispatchRiver (default) or DispatchDirect.
+	Dispatch string
+	// Concurrency is the number of attempts this client runs at once (default 10). Claims never exceed the
+	// free capacity.
+	Concurrency int
+	// Lease is the attempt lease (default 30 s, at least 300 ms). A worker heartbeats every Lease/3; an attempt
+	// whose worker died is retried within Lease + ReapInterval.
+	Lease time.Duration
+	// ReapInterval is how often the elected instance reaps expired leases (default 10 s; must be shorter than
+	// Lease).
+	ReapInterval time.Duration
+	// PollInterval is the fallback poll when no notification or timer wakes the claimer (default 5 s).
+	PollInterval time.Duration
+	// ShutdownGrace is how long Stop lets running attempts finish before cancelling and releasing them
+	// (default 10 s).
+	ShutdownGrace time.Duration
+	// WorkerID names this process in leases and events (default hostname-pid).
+	WorkerID string
+	// PollOnly disables LISTEN/NOTIFY, for PgBouncer in transaction pooling mode.
+	PollOnly bool
+	// DefaultTimeout is the attempt timeout of steps without timeout_ms (default steps.DefaultTimeout).
+	DefaultTimeout time.Duration
+	// Logger receives the client's logs (nil: discarded).
+	Logger *slog.Logger
+	// Metrics, when set, receives the client's Prometheus collectors.
+	Metrics prometheus.Registerer
+}
+
+func (c Config) withDefaults() Config {
+	c.Dispatch = cmp.Or(c.Dispatch, DispatchRiver)
+	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)
+	c.Lease = cmp.Or(c.Lease, LeaseDefault)
+	c.ReapInterval = cmp.Or(c.ReapInterval, ReapIntervalDefault)
+	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, ShutdownGraceDefault)
+	c.DefaultTimeout = cmp.Or(c.DefaultTimeout, steps.DefaultTimeout)
+	if c.WorkerID == "" {
+		host, _ := os.Hostname()
+		c.WorkerID = cmp.Or(host, "stepready") + "-" + strconv.Itoa(os.Getpid())
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c
+}
+
+func (c Config) validate() error {
+	var errs []error
+	if c.Registry == nil {
+		errs = append(errs, errors.New("config.Registry is required"))
+	}
+	if c.Dispatch != DispatchRiver && c.Dispatch != DispatchDirect {
+		errs = append(errs, fmt.Errorf("config.Dispatch must be %q or %q, got %q", DispatchRiver, DispatchDirect, c.Dispatch))
+	}
+	if c.Concurrency < 1 {
+		errs = append(errs, fmt.Errorf("config.Concurrency must be >= 1, got %d", c.Concurrency))
+	}
+	if c.Lease < LeaseMin {
+		errs = append(errs, fmt.Errorf("config.Lease must be >= %s, got %s", LeaseMin, c.Lease))
+	}
+	if c.ReapInterval <= 0 || c.ReapInterval >= c.Lease {
+		errs = append(errs, fmt.Errorf("config.ReapInterval must be > 0 and shorter than Lease (%s), got %s", c.Lease, c.ReapInterval))
+	}
+	if c.PollInterval <= 0 {
+		errs = append(errs, fmt.Errorf("config.PollInterval must be > 0, got %s", c.PollInterval))
+	}
+	if c.ShutdownGrace < 0 {
+		errs = append(errs, fmt.Errorf("config.ShutdownGrace must be >= 0, got %s", c.ShutdownGrace))
+	}
+	if c.DefaultTimeout <= 0 {
+		errs = append(errs, fmt.Errorf("config.DefaultTimeout must be > 0, got %s", c.DefaultTimeout))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("stepready: invalid config: %w", err)
+	}
+	return nil
+}
+
+// Client claims, dispatches and runs steps. Create it with NewClient, then Start; Stop shuts it down gracefully.
+type Client struct {
+	pool *pgxpool.Pool
+	cfg  Config
+
+	mu  sync.Mutex // guards svc
+	svc *service
+}
+
+// NewClient checks cfg and builds a client on pool. The pool's database must be migrated (scheduler migrate up).
+func NewClient(pool *pgxpool.Pool, cfg Config) (*Client, error) {
+	if pool == nil {
+		return nil, errors.New("stepready: NewClient: nil pool")
+	}
+	cfg = cfg.withDefaults()
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	return &Client{pool: pool, cfg: cfg}, nil
+}
+
+// Config returns the client's configuration with defaults applied.
+func (c *Client) Config() Config { return c.cfg }

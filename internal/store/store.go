@@ -1,0 +1,191 @@
+// Package store is stepready's one seam to PostgreSQL: typed calls of the SQL functions of the stepready schema.
+// Every rule (readiness, retries, fencing) lives in those functions; this package only moves values across.
+//
+// Each function takes a DBTX, so the same call runs on a pool, a connection or inside a transaction (the River
+// dispatcher claims and inserts its jobs in one transaction).
+package store
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// DBTX is what the calls need: satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+// ClaimedStep is one row returned by stepready.claim_ready_steps: the step is now enqueued under a lease.
+type ClaimedStep struct {
+	StepID    int64           `json:"step_id"`
+	TaskID    int64           `json:"task_id"`
+	Name      string          `json:"name"`
+	Handler   string          `json:"handler"`
+	Input     json.RawMessage `json:"input"`
+	Attempts  int             `json:"attempts"`
+	TimeoutMS *int64          `json:"timeout_ms,omitempty"`
+	Queue     string          `json:"queue"`
+}
+
+// Timeout returns the step's per-attempt timeout, or def when it sets none.
+func (c ClaimedStep) Timeout(def time.Duration) time.Duration {
+	if c.TimeoutMS == nil {
+		return def
+	}
+	return time.Duration(*c.TimeoutMS) * time.Millisecond
+}
+
+func ms(d time.Duration) int64 { return d.Milliseconds() }
+
+// ClaimReadySteps claims up to limit ready steps for worker with an enqueued lease.
+func ClaimReadySteps(ctx context.Context, db DBTX, limit int, worker string, lease time.Duration) ([]ClaimedStep, error) {
+	rows, err := db.Query(ctx, `SELECT step_id, task_id, name, handler, input, attempts, timeout_ms, queue
+		FROM stepready.claim_ready_steps($1, $2, $3)`, limit, worker, ms(lease))
+	if err != nil {
+		return nil, fmt.Errorf("store: claim ready steps: %w", err)
+	}
+	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClaimedStep, error) {
+		var c ClaimedStep
+		err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, &c.Input, &c.Attempts, &c.TimeoutMS, &c.Queue)
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: claim ready steps: %w", err)
+	}
+	return claimed, nil
+}
+
+// Started is an attempt that start_step let run, with what its handler needs beyond the claim.
+type Started struct {
+	// Attempt is the attempt number: the fencing token of every later call.
+	Attempt int
+	// Iteration is the step's iteration (repeating steps).
+	Iteration int
+	// Input is the step's current input.
+	Input json.RawMessage
+	// Context is the task's context.
+	Context json.RawMessage
+	// Rules is the step's outcome rules (NULL when it has none).
+	Rules json.RawMessage
+}
+
+// StartStep moves an enqueued step to in_progress. ok is false when the step must not run (no longer enqueued,
+// or its task stopped being runnable): the worker then drops it.
+func StartStep(ctx context.Context, db DBTX, stepID int64, worker string, lease time.Duration) (Started, bool, error) {
+	// One round trip: the attempt from start_step, and the step's run context read from the same statement's
+	// snapshot (start_step changes neither the iteration, the input, the rules nor the task context).
+	var st Started
+	var attempt, iteration *int
+	err := db.QueryRow(ctx, `SELECT a.attempt, s.iteration, s.input, t.context, s.rules
+		FROM (SELECT stepready.start_step($1, $2, $3) AS attempt) a
+		LEFT JOIN stepready.steps s ON s.id = $1
+		LEFT JOIN stepready.tasks t ON t.id = s.task_id`, stepID, worker, ms(lease)).
+		Scan(&attempt, &iteration, &st.Input, &st.Context, &st.Rules)
+	if err != nil {
+		if errors.Is(err, pgx.ErrNoRows) {
+			return Started{}, false, nil
+		}
+		return Started{}, false, fmt.Errorf("store: start step %d: %w", stepID, err)
+	}
+	if attempt == nil || iteration == nil {
+		return Started{}, false, nil
+	}
+	st.Attempt, st.Iteration = *attempt, *iteration
+	return st, true, nil
+}
+
+// HeartbeatStep extends the lease of a running attempt; false when the attempt is no longer the running one.
+func HeartbeatStep(ctx context.Context, db DBTX, stepID int64, attempt int, lease time.Duration) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, `SELECT stepready.heartbeat_step($1, $2, $3)`, stepID, attempt, ms(lease)).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: heartbeat step %d attempt %d: %w", stepID, attempt, err)
+	}
+	return ok, nil
+}
+
+// CompleteStep records a successful attempt; false when the attempt was fenced out.
+func CompleteStep(ctx context.Context, db DBTX, stepID int64, attempt int, output json.RawMessage) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, `SELECT stepready.complete_step($1, $2, $3)`, stepID, attempt, output).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: complete step %d attempt %d: %w", stepID, attempt, err)
+	}
+	return ok, nil
+}
+
+// FailResult is what stepready.fail_step decided.
+type FailResult struct {
+	// State is the step's state after the failure (waiting_for_retry, error, skipped), or its current state when
+	// the attempt was fenced out.
+	State string
+	// NextAttemptAt is when the retry may start (waiting_for_retry only).
+	NextAttemptAt *time.Time
+	// Reason is NULL for a scheduled retry, else not_retryable, circuit_open, retries_exhausted or stale_attempt.
+	Reason *string
+}
+
+// Stale reports whether the attempt had been fenced out and nothing was recorded.
+func (r FailResult) Stale() bool { return r.Reason != nil && *r.Reason == "stale_attempt" }
+
+// FailStep records a failed attempt with the error document of SPEC §6 ({class, message, code, …}).
+func FailStep(ctx context.Context, db DBTX, stepID int64, attempt int, errorDoc json.RawMessage) (FailResult, error) {
+	var r FailResult
+	var state *string
+	err := db.QueryRow(ctx, `SELECT state, next_attempt_at, reason FROM stepready.fail_step($1, $2, $3)`,
+		stepID, attempt, errorDoc).Scan(&state, &r.NextAttemptAt, &r.Reason)
+	if err != nil {
+		return FailResult{}, fmt.Errorf("store: fail step %d attempt %d: %w", stepID, attempt, err)
+	}
+	if state != nil {
+		r.State = *state
+	}
+	return r, nil
+}
+
+// ContinueStep records a successful iteration and schedules the next one; false when fenced out.
+func ContinueStep(ctx context.Context, db DBTX, stepID int64, attempt int, output, nextInput json.RawMessage,
+	delay time.Duration) (bool, error) {
+	var ok bool
+	if delay < 0 {
+		delay = 0
+	}
+	if err := db.QueryRow(ctx, `SELECT stepready.continue_step($1, $2, $3, $4, $5)`,
+		stepID, attempt, output, nextInput, ms(delay)).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: continue step %d attempt %d: %w", stepID, attempt, err)
+	}
+	return ok, nil
+}
+
+// ReleaseStep hands an attempt back uncharged (shutdown). attempt nil releases a step claimed but never started.
+func ReleaseStep(ctx context.Context, db DBTX, stepID int64, attempt *int) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, `SELECT stepready.release_step($1, $2)`, stepID, attempt).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: release step %d: %w", stepID, err)
+	}
+	return ok, nil
+}
+
+// ReapExpiredLeases runs the lease reaper once; it returns how many steps it handled.
+func ReapExpiredLeases(ctx context.Context, db DBTX) (int, error) {
+	var n int
+	if err := db.QueryRow(ctx, `SELECT stepready.reap_expired_leases()`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: reap expired leases: %w", err)
+	}
+	return n, nil
+}
+
+// NextClaimAt returns when the next claimable step becomes due (nil: none is waiting on a backoff), and the
+// database's clock now, so a caller can set a timer without trusting its own clock.
+func NextClaimAt(ctx context.Context, db DBTX) (next *time.Time, dbNow time.Time, err error) {
+	if err := db.QueryRow(ctx, `SELECT stepready.next_claim_at(), now()`).Scan(&next, &dbNow); err != nil {
+		return nil, time.Time{}, fmt.Errorf("store: next claim time: %w", err)
+	}
+	return next, dbNow, nil
+}

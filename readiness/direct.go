@@ -1,0 +1,94 @@
+package readiness
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/internal/metrics"
+	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/steps"
+)
+
+// Direct runs claimed steps in this process: one goroutine per attempt, at most Concurrency at once.
+type Direct struct {
+	pool     *pgxpool.Pool
+	executor *steps.Executor
+	conc     int
+	worker   string
+	lease    time.Duration
+	metrics  *metrics.Metrics
+
+	work       context.Context
+	cancelWork context.CancelCauseFunc
+	freed      chan struct{}
+	wg         sync.WaitGroup
+	mu         sync.Mutex
+	running    int
+}
+
+// NewDirect returns a direct dispatcher running at most concurrency attempts of exec at once.
+func NewDirect(pool *pgxpool.Pool, exec *steps.Executor, concurrency int, m *metrics.Metrics) *Direct {
+	work, cancel := context.WithCancelCause(context.Background())
+	return &Direct{pool: pool, executor: exec, conc: concurrency, worker: exec.Worker, lease: exec.Lease,
+		metrics: m, work: work, cancelWork: cancel, freed: make(chan struct{}, 1)}
+}
+
+// Free implements Dispatcher.
+func (d *Direct) Free(context.Context) (int, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return max(d.conc-d.running, 0), nil
+}
+
+// Freed implements Dispatcher.
+func (d *Direct) Freed() <-chan struct{} { return d.freed }
+
+// Dispatch implements Dispatcher: claims, then starts one goroutine per claimed step.
+func (d *Direct) Dispatch(ctx context.Context, limit int) (int, error) {
+	begin := time.Now()
+	claimed, err := store.ClaimReadySteps(ctx, d.pool, limit, d.worker, d.lease)
+	if err != nil {
+		return 0, err
+	}
+	d.metrics.Claimed(len(claimed), time.Since(begin))
+	now := time.Now()
+	d.mu.Lock()
+	d.running += len(claimed)
+	d.mu.Unlock()
+	for _, c := range claimed {
+		d.wg.Add(1)
+		go func() {
+			defer d.wg.Done()
+			d.executor.Run(d.work, c, now)
+			d.mu.Lock()
+			d.running--
+			d.mu.Unlock()
+			signal(d.freed)
+		}()
+	}
+	return len(claimed), nil
+}
+
+// Shutdown waits for running attempts until ctx is done, then cancels the rest (they are released uncharged)
+// and waits for them to be recorded.
+func (d *Direct) Shutdown(ctx context.Context) {
+	done := make(chan struct{})
+	go func() { d.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		d.cancelWork(steps.ErrShutdown)
+		<-done
+	}
+	d.cancelWork(steps.ErrShutdown)
+}
+
+// Running returns the number of attempts running now.
+func (d *Direct) Running() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.running
+}

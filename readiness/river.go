@@ -1,0 +1,185 @@
+package readiness
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+
+	"github.com/stepready/stepready/internal/metrics"
+	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/steps"
+)
+
+// StepJobArgs is the River job of one claimed step. River only transports it: the job always has MaxAttempts 1
+// and the worker always returns nil, because stepready's SQL is the only retry authority.
+type StepJobArgs struct {
+	// Step is the claim row.
+	Step store.ClaimedStep `json:"step"`
+	// ClaimedAt is when the claim committed (for the claim-to-start latency).
+	ClaimedAt time.Time `json:"claimed_at"`
+}
+
+// Kind implements river.JobArgs.
+func (StepJobArgs) Kind() string { return "stepready_step" }
+
+// RiverConfig configures the River dispatcher.
+type RiverConfig struct {
+	// Pool is the database (River's tables live beside the stepready schema). Required.
+	Pool *pgxpool.Pool
+	// Executor runs the jobs this process works. Required.
+	Executor *steps.Executor
+	// Concurrency is both this process's River workers per queue and the bound on jobs waiting to be worked.
+	Concurrency int
+	// Queues are the River queues (steps.queue values) this process works. Default: ["default"].
+	Queues []string
+	// PollOnly disables River's LISTEN/NOTIFY.
+	PollOnly bool
+	// Logger receives the dispatcher's (and River's) logs.
+	Logger *slog.Logger
+	// Metrics records claims (nil: none).
+	Metrics *metrics.Metrics
+}
+
+// River dispatches claimed steps as River jobs, inserted with InsertManyTx in the claim's transaction: a claim
+// without its job (or the reverse) is never committed. Its River client also works the jobs of its queues,
+// whichever daemon inserted them.
+type River struct {
+	cfg    RiverConfig
+	client *river.Client[pgx.Tx]
+	freed  chan struct{}
+
+	mu      sync.Mutex
+	running map[int64]context.CancelCauseFunc // River job id → cancel of the attempt
+}
+
+// NewRiver builds the dispatcher and its River client (not started).
+func NewRiver(cfg RiverConfig) (*River, error) {
+	if len(cfg.Queues) == 0 {
+		cfg.Queues = []string{"default"}
+	}
+	r := &River{cfg: cfg, freed: make(chan struct{}, 1), running: map[int64]context.CancelCauseFunc{}}
+	workers := river.NewWorkers()
+	if err := river.AddWorkerSafely[StepJobArgs](workers, &riverWorker{r: r}); err != nil {
+		return nil, fmt.Errorf("readiness: river worker: %w", err)
+	}
+	queues := make(map[string]river.QueueConfig, len(cfg.Queues))
+	for _, q := range cfg.Queues {
+		queues[q] = river.QueueConfig{MaxWorkers: cfg.Concurrency}
+	}
+	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
+		Queues:        queues,
+		Workers:       workers,
+		Logger:        cfg.Logger,
+		JobTimeout:    -1, // the executor enforces each step's own timeout
+		MaxAttempts:   1,
+		PollOnly:      cfg.PollOnly,
+		FetchCooldown: 5 * time.Millisecond,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("readiness: river client: %w", err)
+	}
+	r.client = client
+	return r, nil
+}
+
+// Start starts the River client (its workers).
+func (r *River) Start(ctx context.Context) error { return r.client.Start(ctx) }
+
+// Free implements Dispatcher: concurrency minus the attempts running here and the stepready jobs still waiting
+// in this process's queues.
+func (r *River) Free(ctx context.Context) (int, error) {
+	var waiting int
+	err := r.cfg.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job
+		WHERE state = 'available' AND kind = $1 AND queue = ANY ($2)`, StepJobArgs{}.Kind(), r.cfg.Queues).Scan(&waiting)
+	if err != nil {
+		return 0, fmt.Errorf("readiness: river backlog: %w", err)
+	}
+	r.mu.Lock()
+	running := len(r.running)
+	r.mu.Unlock()
+	return max(r.cfg.Concurrency-running-waiting, 0), nil
+}
+
+// Freed implements Dispatcher.
+func (r *River) Freed() <-chan struct{} { return r.freed }
+
+// Dispatch implements Dispatcher: claim and InsertManyTx in one transaction.
+func (r *River) Dispatch(ctx context.Context, limit int) (int, error) {
+	begin := time.Now()
+	var n int
+	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		claimed, err := store.ClaimReadySteps(ctx, tx, limit, r.cfg.Executor.Worker, r.cfg.Executor.Lease)
+		if err != nil || len(claimed) == 0 {
+			return err
+		}
+		now := time.Now()
+		params := make([]river.InsertManyParams, len(claimed))
+		for i, c := range claimed {
+			params[i] = river.InsertManyParams{Args: StepJobArgs{Step: c, ClaimedAt: now},
+				InsertOpts: &river.InsertOpts{MaxAttempts: 1, Queue: c.Queue}}
+		}
+		if _, err := r.client.InsertManyTx(ctx, tx, params); err != nil {
+			return fmt.Errorf("readiness: insert river jobs: %w", err)
+		}
+		n = len(claimed)
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	r.cfg.Metrics.Claimed(n, time.Since(begin))
+	return n, nil
+}
+
+// Shutdown stops River's fetching and lets running attempts finish until ctx is done; then it cancels them
+// (they are released uncharged) and waits for River to stop.
+func (r *River) Shutdown(ctx context.Context) error {
+	err := r.client.Stop(ctx)
+	if err == nil {
+		return nil
+	}
+	r.mu.Lock()
+	for _, cancel := range r.running {
+		cancel(steps.ErrShutdown)
+	}
+	r.mu.Unlock()
+	hard, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := r.client.StopAndCancel(hard); err != nil && !errors.Is(err, context.Canceled) {
+		return fmt.Errorf("readiness: stop river: %w", err)
+	}
+	return nil
+}
+
+type riverWorker struct {
+	river.WorkerDefaults[StepJobArgs]
+	r *River
+}
+
+// Work runs the step. It always returns nil: the outcome is recorded in stepready, never as a River retry.
+func (w *riverWorker) Work(ctx context.Context, job *river.Job[StepJobArgs]) error {
+	// Any cancellation of River's context (StopAndCancel) is a shutdown for the attempt.
+	attemptCtx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
+	stop := context.AfterFunc(ctx, func() { cancel(steps.ErrShutdown) })
+	defer stop()
+	w.r.mu.Lock()
+	w.r.running[job.ID] = cancel
+	w.r.mu.Unlock()
+	defer func() {
+		w.r.mu.Lock()
+		delete(w.r.running, job.ID)
+		w.r.mu.Unlock()
+		cancel(nil)
+		signal(w.r.freed)
+	}()
+	w.r.cfg.Executor.Run(attemptCtx, job.Args.Step, job.Args.ClaimedAt)
+	return nil
+}

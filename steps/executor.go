@@ -1,0 +1,352 @@
+package steps
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/internal/metrics"
+	"github.com/stepready/stepready/internal/store"
+)
+
+// Executor defaults.
+const (
+	// DefaultTimeout is the attempt timeout of a step that sets no timeout_ms.
+	DefaultTimeout = 5 * time.Minute
+	// AbandonGraceDefault is how long a handler may keep running after its context is done before the executor
+	// stops waiting for it and records the attempt as failed.
+	AbandonGraceDefault = 5 * time.Second
+	// recordTimeout bounds how long recording one outcome may keep retrying a lost connection.
+	recordTimeout = time.Minute
+)
+
+// ErrShutdown is the cancellation cause the daemon gives an attempt's context when it stops before the attempt
+// finished: the attempt is then handed back uncharged instead of being recorded as failed.
+var ErrShutdown = errors.New("stepready: daemon shutting down")
+
+// errLeaseLost is the cancellation cause when a heartbeat finds the attempt is no longer the running one
+// (cancelled, resolved or reaped): nothing is recorded, the database refuses it anyway.
+var errLeaseLost = errors.New("stepready: attempt is no longer the running one")
+
+// Executor runs claimed steps: start_step, the handler under the step's timeout with a heartbeat, then the
+// outcome through complete_step, fail_step or continue_step. It is shared by every dispatcher.
+type Executor struct {
+	// Pool is the database. Required.
+	Pool *pgxpool.Pool
+	// Registry resolves handler names. Required.
+	Registry *Registry
+	// Worker is this worker's id, recorded as lease owner. Required.
+	Worker string
+	// Lease is the attempt lease; the heartbeat renews it every Lease/3. Required (> 0).
+	Lease time.Duration
+	// DefaultTimeout applies to steps without timeout_ms. Zero means DefaultTimeout.
+	DefaultTimeout time.Duration
+	// AbandonGrace is how long to wait for a handler past its deadline. Zero means AbandonGraceDefault.
+	AbandonGrace time.Duration
+	// Logger receives per-attempt logs. Nil discards them.
+	Logger *slog.Logger
+	// Metrics records counters; nil records nothing.
+	Metrics *metrics.Metrics
+}
+
+// Run executes one claimed step. ctx is the worker's context: when it is cancelled with cause ErrShutdown
+// (context.WithCancelCause) the running handler is cancelled and the attempt handed back uncharged. claimedAt
+// is when the step was claimed (for the claim-to-start latency; zero to skip). Run returns when the outcome is
+// recorded; errors are logged, never returned: a worker must keep going.
+func (e *Executor) Run(ctx context.Context, c store.ClaimedStep, claimedAt time.Time) {
+	log := e.logger().With(slog.Int64("step_id", c.StepID), slog.Int64("task_id", c.TaskID),
+		slog.String("step", c.Name), slog.String("handler", c.Handler))
+	// Database writes outlive the worker's context: an outcome is recorded even during shutdown.
+	dbCtx := context.WithoutCancel(ctx)
+
+	st, ok, err := store.StartStep(dbCtx, e.Pool, c.StepID, e.Worker, e.Lease)
+	if err != nil {
+		log.Error("executor: start step", slog.Any("error", err))
+		return
+	}
+	if !ok {
+		log.Debug("executor: step no longer enqueued; skipped")
+		return
+	}
+	if !claimedAt.IsZero() {
+		e.Metrics.Started(time.Since(claimedAt))
+	} else {
+		e.Metrics.Started(0)
+	}
+	log = log.With(slog.Int("attempt", st.Attempt), slog.Int("iteration", st.Iteration))
+	log.Info("executor: attempt started")
+
+	step := &Step{ID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler, Input: st.Input,
+		Context: st.Context, Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue}
+	if c.TimeoutMS != nil {
+		step.Timeout = time.Duration(*c.TimeoutMS) * time.Millisecond
+	}
+	begin := time.Now()
+	res := e.runHandler(ctx, dbCtx, step, c.Timeout(e.defaultTimeout()))
+	e.Metrics.Finished(time.Since(begin))
+	e.record(dbCtx, log, step, res)
+}
+
+// result is what an attempt came to.
+type result struct {
+	output   any
+	err      error
+	panicked any
+	stack    []byte
+	// released: the daemon is shutting down; hand the attempt back.
+	released bool
+	// leaseLost: the attempt was fenced out while running; record nothing.
+	leaseLost bool
+	// abandoned: the handler did not return after its context ended.
+	abandoned bool
+	// timedOut: the step's timeout expired.
+	timedOut bool
+}
+
+func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout time.Duration) result {
+	h, ok := e.Registry.Lookup(step.Handler)
+	if !ok {
+		return result{err: &Error{Class: ClassDeterministic, Err: fmt.Errorf(
+			"no handler named %q is registered on worker %s (registered: %v)", step.Handler, e.Worker, e.Registry.Names())}}
+	}
+
+	runCtx, cancelRun := context.WithCancelCause(ctx)
+	defer cancelRun(nil)
+	hctx, cancelTimeout := context.WithTimeout(runCtx, timeout)
+	defer cancelTimeout()
+
+	// Heartbeat at a third of the lease; a refused heartbeat means the attempt was fenced out.
+	hbDone := make(chan struct{})
+	defer close(hbDone)
+	go e.heartbeat(dbCtx, step, cancelRun, hbDone)
+
+	done := make(chan result, 1)
+	go func() {
+		var r result
+		defer func() {
+			if p := recover(); p != nil {
+				r = result{panicked: p, stack: debug.Stack()}
+			}
+			done <- r
+		}()
+		r.output, r.err = h.Handle(hctx, step)
+	}()
+
+	var r result
+	select {
+	case r = <-done:
+	case <-hctx.Done():
+		select {
+		case r = <-done:
+		case <-time.After(e.abandonGrace()):
+			r = result{abandoned: true}
+		}
+	}
+	switch cause := context.Cause(runCtx); {
+	case errors.Is(cause, errLeaseLost):
+		r.leaseLost = true
+	case errors.Is(cause, ErrShutdown) && (r.err != nil || r.abandoned):
+		// Stopped by shutdown: not the step's fault. A handler that finished anyway keeps its result.
+		r.released = true
+	case errors.Is(hctx.Err(), context.DeadlineExceeded) && (r.err != nil || r.abandoned):
+		r.timedOut = true
+	}
+	return r
+}
+
+func (e *Executor) heartbeat(ctx context.Context, step *Step, cancelRun context.CancelCauseFunc, done <-chan struct{}) {
+	t := time.NewTicker(e.Lease / 3)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			ok, err := store.HeartbeatStep(ctx, e.Pool, step.ID, step.Attempt, e.Lease)
+			if err != nil {
+				// A lost connection: keep trying; the lease covers two more beats.
+				e.logger().Warn("executor: heartbeat failed", slog.Int64("step_id", step.ID), slog.Any("error", err))
+				continue
+			}
+			if !ok {
+				cancelRun(errLeaseLost)
+				return
+			}
+		}
+	}
+}
+
+// record writes the attempt's outcome, retrying transient database errors on an uncancelled context.
+func (e *Executor) record(ctx context.Context, log *slog.Logger, step *Step, r result) {
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	err := retryDB(ctx, func() error { return e.recordOnce(ctx, log, step, r) })
+	if err != nil {
+		log.Error("executor: could not record the outcome; the lease will expire and the reaper retries it",
+			slog.Any("error", err))
+	}
+}
+
+func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step, r result) error {
+	switch {
+	case r.leaseLost:
+		log.Warn("executor: attempt was cancelled, resolved or reaped while running; its result is dropped")
+		return nil
+	case r.released:
+		attempt := step.Attempt
+		ok, err := store.ReleaseStep(ctx, e.Pool, step.ID, &attempt)
+		if err != nil {
+			return err
+		}
+		if ok {
+			e.Metrics.Released()
+		}
+		log.Info("executor: attempt released at shutdown", slog.Bool("released", ok))
+		return nil
+	case r.panicked != nil:
+		return e.fail(ctx, log, step, errorDoc{Class: ClassPermanent,
+			Message: fmt.Sprintf("handler panicked: %v", r.panicked), Stack: string(r.stack)})
+	case r.abandoned:
+		return e.fail(ctx, log, step, errorDoc{Class: ClassTimeout,
+			Message: "handler ignored the end of its context and was abandoned"})
+	}
+
+	var rep *RepeatRequest
+	if r.err != nil && errors.As(r.err, &rep) {
+		out, err := encodeJSON(rep.Output)
+		if err != nil {
+			return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: err.Error()})
+		}
+		var next json.RawMessage
+		if rep.NextInput != nil {
+			if next, err = encodeJSON(rep.NextInput); err != nil {
+				return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: err.Error()})
+			}
+		}
+		ok, err := store.ContinueStep(ctx, e.Pool, step.ID, step.Attempt, out, next, rep.Delay)
+		if err != nil {
+			return err
+		}
+		e.Metrics.Completed()
+		log.Info("executor: iteration done; step repeats", slog.Duration("delay", rep.Delay), slog.Bool("recorded", ok))
+		return nil
+	}
+	if r.err != nil {
+		return e.fail(ctx, log, step, classify(r.err, r.timedOut))
+	}
+	out, err := encodeJSON(r.output)
+	if err != nil {
+		return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: err.Error()})
+	}
+	ok, err := store.CompleteStep(ctx, e.Pool, step.ID, step.Attempt, out)
+	if err != nil {
+		return err
+	}
+	e.Metrics.Completed()
+	log.Info("executor: attempt succeeded", slog.Bool("recorded", ok))
+	return nil
+}
+
+func (e *Executor) fail(ctx context.Context, log *slog.Logger, step *Step, d errorDoc) error {
+	doc, err := json.Marshal(d)
+	if err != nil {
+		return fmt.Errorf("steps: encode error document: %w", err)
+	}
+	res, err := store.FailStep(ctx, e.Pool, step.ID, step.Attempt, doc)
+	if err != nil {
+		return err
+	}
+	e.Metrics.Failed(d.Class, res.State == "waiting_for_retry")
+	attrs := []any{slog.String("class", d.Class), slog.String("message", d.Message), slog.String("state", res.State)}
+	if res.NextAttemptAt != nil {
+		attrs = append(attrs, slog.Time("next_attempt_at", *res.NextAttemptAt))
+	}
+	if res.Reason != nil {
+		attrs = append(attrs, slog.String("reason", *res.Reason))
+	}
+	log.Info("executor: attempt failed", attrs...)
+	return nil
+}
+
+// errorDoc is the p_error document of stepready.fail_step.
+type errorDoc struct {
+	Class        string `json:"class"`
+	Message      string `json:"message"`
+	Code         string `json:"code,omitempty"`
+	HTTPStatus   int    `json:"http_status,omitempty"`
+	RetryAfterMS *int64 `json:"retry_after_ms,omitempty"`
+	Retryable    *bool  `json:"retryable,omitempty"`
+	Stack        string `json:"stack,omitempty"`
+}
+
+// classify turns a handler error into the error document: a classified *Error keeps its class; an unclassified
+// error is transient, or timeout when the step's deadline passed.
+func classify(err error, timedOut bool) errorDoc {
+	d := errorDoc{Class: ClassTransient, Message: err.Error()}
+	if timedOut {
+		d.Class = ClassTimeout
+	}
+	if e, ok := AsError(err); ok {
+		d.Class = e.class()
+		if e.Err != nil {
+			d.Message = e.Err.Error()
+		}
+		d.Code, d.HTTPStatus = e.Code, e.HTTPStatus
+		if e.RetryAfter != nil {
+			ms := max(e.RetryAfter.Milliseconds(), 0)
+			d.RetryAfterMS = &ms
+		}
+		if e.NotRetryable {
+			f := false
+			d.Retryable = &f
+		}
+	}
+	return d
+}
+
+func encodeJSON(v any) (json.RawMessage, error) {
+	switch v := v.(type) {
+	case json.RawMessage:
+		if len(v) == 0 {
+			return json.RawMessage("null"), nil
+		}
+		if !json.Valid(v) {
+			return nil, errors.New("handler output is not valid JSON")
+		}
+		return v, nil
+	case nil:
+		return json.RawMessage("null"), nil
+	}
+	b, err := json.Marshal(v)
+	if err != nil {
+		return nil, fmt.Errorf("handler output does not encode as JSON: %w", err)
+	}
+	return b, nil
+}
+
+func (e *Executor) logger() *slog.Logger {
+	if e.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return e.Logger
+}
+
+func (e *Executor) defaultTimeout() time.Duration {
+	if e.DefaultTimeout > 0 {
+		return e.DefaultTimeout
+	}
+	return DefaultTimeout
+}
+
+func (e *Executor) abandonGrace() time.Duration {
+	if e.AbandonGrace > 0 {
+		return e.AbandonGrace
+	}
+	return AbandonGraceDefault
+}

@@ -1,0 +1,81 @@
+package steps
+
+import (
+	"context"
+	"encoding/json"
+	"time"
+)
+
+// Step is what a handler receives for one attempt of one step.
+type Step struct {
+	// ID is the step's id (stepready.steps.id).
+	ID int64
+	// TaskID is the id of the task the step belongs to.
+	TaskID int64
+	// Name is the step's name, unique within its task.
+	Name string
+	// Handler is the registered handler name the step asked for.
+	Handler string
+	// Input is the step's JSON input for this iteration (the definition's input, or the next input chosen by the
+	// previous iteration of a repeating step).
+	Input json.RawMessage
+	// Context is the task's JSON context.
+	Context json.RawMessage
+	// Attempt is the 1-based number of this attempt within the current iteration. It is also the fencing token:
+	// a result recorded for an older attempt is refused by the database.
+	Attempt int
+	// Iteration is the 0-based iteration of a repeating (polling, paginating) step.
+	Iteration int
+	// Queue is the step's queue.
+	Queue string
+	// Timeout is the per-attempt timeout the step defines (zero: the daemon's default). The handler's context
+	// carries the resulting deadline.
+	Timeout time.Duration
+}
+
+// DecodeInput unmarshals the step's input into v. A failure is returned as a permanent error: input that does
+// not decode will not decode on the next attempt either.
+func (s *Step) DecodeInput(v any) error {
+	if len(s.Input) == 0 {
+		return nil
+	}
+	if err := json.Unmarshal(s.Input, v); err != nil {
+		return Permanent(&InputError{Step: s.Name, Err: err})
+	}
+	return nil
+}
+
+// InputError reports a step input that does not decode into what the handler expects.
+type InputError struct {
+	// Step is the step's name.
+	Step string
+	// Err is the decoding error.
+	Err error
+}
+
+// Error implements error.
+func (e *InputError) Error() string { return "step " + e.Step + ": bad input: " + e.Err.Error() }
+
+// Unwrap returns the decoding error.
+func (e *InputError) Unwrap() error { return e.Err }
+
+// Handler runs one attempt of a step.
+//
+// Return (output, nil) to complete the step; output is encoded as JSON (a json.RawMessage is used as is, nil
+// becomes JSON null). Return an error to fail the attempt: a plain error is a `transient` failure, retried under
+// the step's retry policy; wrap it with Fail, FailAfter or Permanent to choose the failure class or the delay.
+// Return Repeat(…) to finish this iteration successfully and run the step again (polling, pagination).
+//
+// The context is cancelled at the step's timeout (the failure is then of class `timeout`) and when the daemon
+// shuts down (the attempt is then handed back uncharged). A handler must return promptly once its context is
+// done; one that does not is abandoned and its attempt recorded as a `timeout` failure. A panic is recovered
+// and recorded as a `permanent` failure with its stack.
+type Handler interface {
+	Handle(ctx context.Context, step *Step) (output any, err error)
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, step *Step) (any, error)
+
+// Handle calls f.
+func (f HandlerFunc) Handle(ctx context.Context, step *Step) (any, error) { return f(ctx, step) }

@@ -1,0 +1,154 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/steps"
+)
+
+// childEnv makes the test binary run as a daemon process: its value is the database URL.
+const (
+	childEnv         = "STEPREADY_E2E_CHILD_DATABASE_URL"
+	childDispatchEnv = "STEPREADY_E2E_CHILD_DISPATCH"
+)
+
+// runChildDaemon is a real separate daemon: a "block" handler that runs until its context ends, a short lease,
+// and graceful shutdown on SIGTERM.
+func runChildDaemon() int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
+	defer stop()
+	pool, err := pgxpool.New(context.Background(), os.Getenv(childEnv))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	defer pool.Close()
+	reg := steps.NewRegistry()
+	reg.MustRegister("block", steps.HandlerFunc(func(ctx context.Context, _ *steps.Step) (any, error) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}))
+	c, err := stepready.NewClient(pool, stepready.Config{Registry: reg, Dispatch: os.Getenv(childDispatchEnv),
+		WorkerID: "child", Lease: 2 * time.Second, ReapInterval: time.Second, PollInterval: 200 * time.Millisecond,
+		ShutdownGrace: 200 * time.Millisecond})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	if err := c.Start(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	<-ctx.Done()
+	if err := c.Stop(context.Background()); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	return 0
+}
+
+func startChild(t *testing.T, b *bundle, mode string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), childEnv+"="+b.db.URL, childDispatchEnv+"="+mode)
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return cmd
+}
+
+// waitStep polls a step until cond holds on (state, attempts).
+func (b *bundle) waitStep(t *testing.T, taskID int64, timeout time.Duration, what string, cond func(state string, attempts int) bool) (string, int) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		var state string
+		var attempts int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(),
+			`SELECT state, attempts FROM stepready.steps WHERE task_id = $1`, taskID).Scan(&state, &attempts))
+		if cond(state, attempts) {
+			return state, attempts
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("step of task %d: %s not reached after %s (state %s, attempts %d)", taskID, what, timeout, state, attempts)
+		}
+		<-time.After(20 * time.Millisecond)
+	}
+}
+
+// A worker process killed mid-attempt (SIGKILL: no release, no outcome) is reaped by another daemon and its
+// step retried within lease + reap interval.
+func TestKilledWorkerIsReapedAndRetried(t *testing.T) {
+	t.Parallel()
+	for _, mode := range dispatchModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			id := b.createTask(t, `{"name": "victim", "steps": [{"name": "s", "handler": "block",
+				"retry": {"max_attempts": 3, "backoff": "fixed", "base_delay_ms": 0}}]}`)
+			child := startChild(t, b, mode)
+			b.waitStep(t, id, 30*time.Second, "running in the child", func(s string, _ int) bool { return s == "in_progress" })
+			require.NoError(t, child.Process.Kill())
+			_ = child.Wait()
+			killedAt := time.Now()
+
+			// A second daemon whose "block" handler succeeds at once.
+			b.reg.MustRegister("block", steps.HandlerFunc(func(context.Context, *steps.Step) (any, error) { return "ok", nil }))
+			b.start(t, stepready.Config{Dispatch: mode, Lease: 2 * time.Second, ReapInterval: time.Second,
+				PollInterval: 200 * time.Millisecond})
+			b.waitTask(t, id, 30*time.Second, "complete")
+			// Lease 2 s + reap interval 1 s, with slack for a loaded machine.
+			require.Less(t, time.Since(killedAt), 8*time.Second)
+
+			var class string
+			var attempts int
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT
+				(SELECT details ->> 'class' FROM stepready.step_events e JOIN stepready.steps s ON s.id = e.step_id
+				  WHERE s.task_id = $1 AND e.event = 'attempt.failed' ORDER BY e.id LIMIT 1),
+				(SELECT attempts FROM stepready.steps WHERE task_id = $1)`, id).Scan(&class, &attempts))
+			require.Equal(t, "stalled", class)
+			require.Equal(t, 2, attempts)
+		})
+	}
+}
+
+// SIGTERM while an attempt runs: the daemon cancels it after the grace period and hands it back uncharged
+// (ready again, attempts unchanged), then exits 0.
+func TestSIGTERMReleasesRunningAttemptsUncharged(t *testing.T) {
+	t.Parallel()
+	for _, mode := range dispatchModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			id := b.createTask(t, `{"name": "interrupted", "steps": [{"name": "s", "handler": "block"}]}`)
+			child := startChild(t, b, mode)
+			b.waitStep(t, id, 30*time.Second, "running in the child", func(s string, _ int) bool { return s == "in_progress" })
+			require.NoError(t, child.Process.Signal(syscall.SIGTERM))
+			require.NoError(t, child.Wait(), "graceful exit")
+
+			state, attempts := b.waitStep(t, id, 5*time.Second, "released", func(s string, _ int) bool { return s == "pending" })
+			require.Equal(t, "pending", state)
+			require.Equal(t, 0, attempts, "the released attempt is not charged")
+			var released int
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM stepready.step_events e
+				JOIN stepready.steps s ON s.id = e.step_id WHERE s.task_id = $1 AND e.event = 'step.released'`, id).Scan(&released))
+			require.Equal(t, 1, released)
+		})
+	}
+}

@@ -1,0 +1,50 @@
+package e2e
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready"
+)
+
+// A diamond runs to completion in dependency order, in both dispatch modes.
+func TestDiamondRunsInDependencyOrder(t *testing.T) {
+	t.Parallel()
+	for _, mode := range dispatchModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.start(t, stepready.Config{Dispatch: mode, PollInterval: time.Minute, ReapInterval: time.Second})
+			id := b.createTask(t, `{"name": "diamond", "steps": [
+				{"name": "a", "handler": "noop"},
+				{"name": "b", "handler": "noop", "depends_on": ["a"]},
+				{"name": "c", "handler": "noop", "depends_on": ["a"]},
+				{"name": "d", "handler": "noop", "depends_on": ["b", "c"]}]}`)
+			b.waitTask(t, id, 20*time.Second, "complete")
+
+			// Every child started after each of its parents completed (event ids are a total order).
+			rows, err := b.db.Pool.Query(context.Background(), `
+				SELECT p.name, c.name,
+				       (SELECT max(id) FROM stepready.step_events WHERE step_id = p.id AND event = 'step.completed'),
+				       (SELECT min(id) FROM stepready.step_events WHERE step_id = c.id AND event = 'attempt.started')
+				  FROM stepready.step_edges e
+				  JOIN stepready.steps p ON p.id = e.parent_step_id
+				  JOIN stepready.steps c ON c.id = e.child_step_id
+				 WHERE c.task_id = $1`, id)
+			require.NoError(t, err)
+			n := 0
+			for rows.Next() {
+				var parent, child string
+				var completed, started int64
+				require.NoError(t, rows.Scan(&parent, &child, &completed, &started))
+				require.Less(t, completed, started, "%s must complete before %s starts", parent, child)
+				n++
+			}
+			require.NoError(t, rows.Err())
+			require.Equal(t, 4, n)
+		})
+	}
+}
