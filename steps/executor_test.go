@@ -1,0 +1,213 @@
+package steps_test
+
+import (
+	"context"
+	"errors"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/steps"
+	"github.com/stepready/stepready/tests/integration/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+type execBundle struct {
+	db   *pgtest.DB
+	reg  *steps.Registry
+	exec *steps.Executor
+}
+
+func execSetup(t *testing.T) *execBundle {
+	t.Helper()
+	db := pgtest.New(t)
+	reg := steps.NewRegistry()
+	return &execBundle{db: db, reg: reg, exec: &steps.Executor{Pool: db.Pool, Registry: reg, Worker: "w",
+		Lease: 600 * time.Millisecond, AbandonGrace: 100 * time.Millisecond}}
+}
+
+// claimOne creates a one-step task and claims it.
+func (b *execBundle) claimOne(t *testing.T, handler, extra string) store.ClaimedStep {
+	t.Helper()
+	ctx := context.Background()
+	_, err := b.db.Pool.Exec(ctx, `SELECT stepready.create_task(jsonb_build_object('name', 't', 'steps',
+		jsonb_build_array(jsonb_build_object('name', 's', 'handler', $1::text) || $2::jsonb)))`, handler, "{"+extra+"}")
+	require.NoError(t, err)
+	claimed, err := store.ClaimReadySteps(ctx, b.db.Pool, 1, "w", time.Minute)
+	require.NoError(t, err)
+	require.Len(t, claimed, 1)
+	return claimed[0]
+}
+
+type stepRow struct {
+	State, Class, Message string
+	Attempts, Iteration   int
+	Output                *string
+}
+
+func (b *execBundle) row(t *testing.T, id int64) stepRow {
+	t.Helper()
+	var r stepRow
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT state, COALESCE(last_error ->> 'class', ''),
+		COALESCE(last_error ->> 'message', ''), attempts, iteration, output::text FROM stepready.steps WHERE id = $1`, id).
+		Scan(&r.State, &r.Class, &r.Message, &r.Attempts, &r.Iteration, &r.Output))
+	return r
+}
+
+func TestExecutorOutcomes(t *testing.T) {
+	t.Parallel()
+	// The handler that ignores its deadline is abandoned, not killed: let it go once the subtests are done so
+	// its goroutine does not outlive the package's tests.
+	stubborn := make(chan struct{})
+	t.Cleanup(func() { close(stubborn) })
+	cases := []struct {
+		name    string
+		extra   string
+		handler steps.HandlerFunc
+		want    stepRow
+	}{
+		{"success", ``, func(context.Context, *steps.Step) (any, error) { return map[string]int{"n": 1}, nil },
+			stepRow{State: "complete", Attempts: 1, Output: ptr(`{"n": 1}`)}},
+		{"nil output", ``, func(context.Context, *steps.Step) (any, error) { return nil, nil },
+			stepRow{State: "complete", Attempts: 1, Output: ptr(`null`)}},
+		{"plain error is transient", ``, func(context.Context, *steps.Step) (any, error) { return nil, errors.New("flaky") },
+			stepRow{State: "waiting_for_retry", Class: "transient", Message: "flaky", Attempts: 1}},
+		{"classified", ``, func(context.Context, *steps.Step) (any, error) {
+			return nil, steps.Fail(steps.ClassDeterministic, errors.New("bad key"))
+		}, stepRow{State: "error", Class: "deterministic", Message: "bad key", Attempts: 1}},
+		{"permanent", ``, func(context.Context, *steps.Step) (any, error) { return nil, steps.Permanent(errors.New("no")) },
+			stepRow{State: "error", Class: "permanent", Message: "no", Attempts: 1}},
+		{"repeat", ``, func(context.Context, *steps.Step) (any, error) {
+			return nil, steps.Repeat(map[string]int{"page": 1}, map[string]int{"page": 2}, time.Hour)
+		}, stepRow{State: "pending", Attempts: 0, Iteration: 1, Output: ptr(`{"page": 1}`)}},
+		{"timeout", `"timeout_ms": 50`, func(ctx context.Context, _ *steps.Step) (any, error) {
+			<-ctx.Done()
+			return nil, ctx.Err()
+		}, stepRow{State: "waiting_for_retry", Class: "timeout", Message: "context deadline exceeded", Attempts: 1}},
+		{"ignores its deadline", `"timeout_ms": 50`, func(context.Context, *steps.Step) (any, error) {
+			<-stubborn // ignores its context; let go only when the package's tests end
+			return nil, nil
+		}, stepRow{State: "waiting_for_retry", Class: "timeout", Message: "handler ignored the end of its context and was abandoned", Attempts: 1}},
+		{"panic", ``, func(context.Context, *steps.Step) (any, error) { panic("kaboom") },
+			stepRow{State: "error", Class: "permanent", Message: "handler panicked: kaboom", Attempts: 1}},
+		{"bad input", ``, func(_ context.Context, s *steps.Step) (any, error) {
+			var v struct{ N int }
+			return nil, s.DecodeInput(&v)
+		}, stepRow{State: "error", Class: "permanent", Attempts: 1}},
+		{"unencodable output", ``, func(context.Context, *steps.Step) (any, error) { return make(chan int), nil },
+			stepRow{State: "waiting_for_retry", Class: "contract_failure", Attempts: 1}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := execSetup(t)
+			b.reg.MustRegister("h", tc.handler)
+			extra := tc.extra
+			if tc.name == "bad input" {
+				extra = `"input": {"N": "not a number"}`
+			}
+			c := b.claimOne(t, "h", extra)
+			b.exec.Run(context.Background(), c, time.Now())
+			got := b.row(t, c.StepID)
+			if tc.want.Message == "" {
+				got.Message = ""
+			}
+			if tc.want.Output == nil {
+				got.Output = nil
+			}
+			require.Equal(t, tc.want, got)
+		})
+	}
+}
+
+func TestExecutorHeartbeatKeepsALongAttemptAlive(t *testing.T) {
+	t.Parallel()
+	b := execSetup(t)
+	ran := make(chan struct{})
+	b.reg.MustRegister("slow", steps.HandlerFunc(func(ctx context.Context, _ *steps.Step) (any, error) {
+		close(ran)
+		// Three leases long: only heartbeats keep the lease from expiring.
+		select {
+		case <-time.After(3 * b.exec.Lease):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return "done", nil
+	}))
+	c := b.claimOne(t, "slow", "")
+	go func() {
+		<-ran
+		// Reap as the attempt runs: nothing is expired, so nothing is reaped.
+		deadline := time.Now().Add(3 * b.exec.Lease)
+		for time.Now().Before(deadline) {
+			n, err := store.ReapExpiredLeases(context.Background(), b.db.Pool)
+			if err != nil || n != 0 {
+				t.Errorf("reaper took the attempt: n=%d err=%v", n, err)
+				return
+			}
+			<-time.After(50 * time.Millisecond)
+		}
+	}()
+	b.exec.Run(context.Background(), c, time.Now())
+	require.Equal(t, "complete", b.row(t, c.StepID).State)
+}
+
+func TestExecutorDropsAnAttemptCancelledWhileRunning(t *testing.T) {
+	t.Parallel()
+	b := execSetup(t)
+	running := make(chan struct{})
+	cancelled := make(chan error, 1)
+	b.reg.MustRegister("long", steps.HandlerFunc(func(ctx context.Context, _ *steps.Step) (any, error) {
+		close(running)
+		<-ctx.Done()
+		cancelled <- ctx.Err()
+		return nil, ctx.Err()
+	}))
+	c := b.claimOne(t, "long", "")
+	go func() {
+		<-running
+		_, err := b.db.Pool.Exec(context.Background(), `SELECT stepready.cancel_task($1, 'operator')`, c.TaskID)
+		if err != nil {
+			t.Error(err)
+		}
+	}()
+	b.exec.Run(context.Background(), c, time.Now())
+	require.Error(t, <-cancelled, "the refused heartbeat cancels the handler")
+	require.Equal(t, "cancelled", b.row(t, c.StepID).State)
+}
+
+func TestExecutorReleasesAtShutdown(t *testing.T) {
+	t.Parallel()
+	b := execSetup(t)
+	running := make(chan struct{})
+	b.reg.MustRegister("long", steps.HandlerFunc(func(ctx context.Context, _ *steps.Step) (any, error) {
+		close(running)
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}))
+	c := b.claimOne(t, "long", "")
+	ctx, cancel := context.WithCancelCause(context.Background())
+	go func() { <-running; cancel(steps.ErrShutdown) }()
+	b.exec.Run(ctx, c, time.Now())
+	got := b.row(t, c.StepID)
+	require.Equal(t, "pending", got.State)
+	require.Equal(t, 0, got.Attempts, "released uncharged")
+}
+
+func TestExecutorSkipsAStepNoLongerEnqueued(t *testing.T) {
+	t.Parallel()
+	b := execSetup(t)
+	calls := 0
+	b.reg.MustRegister("h", steps.HandlerFunc(func(context.Context, *steps.Step) (any, error) { calls++; return nil, nil }))
+	c := b.claimOne(t, "h", "")
+	_, err := b.db.Pool.Exec(context.Background(), `SELECT stepready.cancel_task($1)`, c.TaskID)
+	require.NoError(t, err)
+	b.exec.Run(context.Background(), c, time.Now())
+	require.Zero(t, calls)
+}
+
+func ptr(s string) *string { return &s }
