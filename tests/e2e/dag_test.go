@@ -48,3 +48,25 @@ func TestDiamondRunsInDependencyOrder(t *testing.T) {
 		})
 	}
 }
+
+// --poll-only (PgBouncer transaction pooling): no LISTEN anywhere; the poll interval and the due timer alone
+// drive the work.
+func TestPollOnlyModeRunsWithoutNotifications(t *testing.T) {
+	t.Parallel()
+	for _, mode := range dispatchModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			b.start(t, stepready.Config{Dispatch: mode, PollOnly: true, PollInterval: 100 * time.Millisecond,
+				ReapInterval: time.Second})
+			id := b.createTask(t, `{"name": "chain", "steps": [{"name": "a", "handler": "noop"},
+				{"name": "b", "handler": "noop", "depends_on": ["a"]}]}`)
+			b.waitTask(t, id, 20*time.Second, "complete")
+			var listeners int
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM pg_stat_activity
+				WHERE datname = current_database() AND application_name = $1 AND query ILIKE 'LISTEN%'`,
+				daemonAppName).Scan(&listeners))
+			require.Zero(t, listeners, "poll-only mode opens no LISTEN connection")
+		})
+	}
+}
