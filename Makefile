@@ -22,8 +22,8 @@ help: ## Show this list of targets
 build: ## Build the scheduler binary into bin/scheduler
 	$(GO) build -o $(BIN) ./cmd/scheduler
 
-run: build ## Build and run the scheduler (for now a stub: the daemon arrives with issue #3)
-	$(BIN) run
+run: build ## Run the demo: local PostgreSQL in .stepready/ (unless DATABASE_URL), example tasks, live account
+	$(BIN) demo
 
 test: ## Run every test with the race detector (needs PostgreSQL: TEST_DATABASE_URL, Docker or a local initdb)
 	$(GO) test -race -count=1 ./...

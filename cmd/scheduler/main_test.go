@@ -23,18 +23,13 @@ func execute(t *testing.T, args ...string) (stdout, stderr string, err error) {
 	return out.String(), errOut.String(), err
 }
 
-func TestRunIsAStubForNow(t *testing.T) {
-	t.Parallel()
-	stdout, _, err := execute(t, "run")
-	require.NoError(t, err)
-	require.Equal(t, runStubMessage+"\n", stdout)
-}
-
 func TestMigrateNeedsADatabase(t *testing.T) { // not parallel: it changes the environment
 	t.Setenv("DATABASE_URL", "")
+	t.Setenv("STEPREADY_DATABASE_URL", "")
 	for _, sub := range []string{"up", "down", "status"} {
 		_, _, err := execute(t, "migrate", sub)
 		require.ErrorContains(t, err, "pass --database-url or set DATABASE_URL", sub)
+		require.Equal(t, 2, exitCode(err), sub)
 	}
 }
 
@@ -42,12 +37,15 @@ func TestMigrateRejectsBadArguments(t *testing.T) {
 	t.Parallel()
 	_, _, err := execute(t, "migrate", "down", "--steps", "-1", "--database-url", "postgres://x@127.0.0.1:1/x")
 	require.ErrorContains(t, err, "--steps -1")
+	require.Equal(t, 2, exitCode(err))
 
 	_, _, err = execute(t, "migrate", "force", "one", "--database-url", "postgres://x@127.0.0.1:1/x")
 	require.ErrorContains(t, err, `VERSION "one"`)
+	require.Equal(t, 2, exitCode(err))
 
 	_, _, err = execute(t, "--log-level", "loud", "migrate", "up", "--database-url", "postgres://x@127.0.0.1:1/x")
 	require.ErrorContains(t, err, "--log-level")
+	require.Equal(t, 2, exitCode(err))
 }
 
 func TestMigrateUpStatusDown(t *testing.T) {

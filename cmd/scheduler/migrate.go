@@ -18,12 +18,13 @@ func newMigrateCommand(opts *globalOptions) *cobra.Command {
 		Short: "Migrate the database schema (stepready tables, functions and triggers, River's tables)",
 	}
 	cmd.PersistentFlags().StringVar(&urlFlag, "database-url", "",
-		"PostgreSQL URL to migrate (default $DATABASE_URL)")
+		"PostgreSQL URL of the database to migrate")
+	setDefaultText(cmd.PersistentFlags(), "database-url", "none")
 
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Apply every pending schema version, re-apply all functions and triggers, migrate River",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			url, err := databaseURL(urlFlag)
 			if err != nil {
@@ -43,10 +44,10 @@ func newMigrateCommand(opts *globalOptions) *cobra.Command {
 		Short: "Remove River's tables, then step the stepready schema down (all versions unless --steps)",
 		Long: "Remove River's tables, then step the stepready schema down: every version with --steps 0 (the\n" +
 			"default), else that many versions. Data in removed tables is lost.",
-		Args: cobra.NoArgs,
+		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if steps < 0 {
-				return fmt.Errorf("--steps %d: must be 0 (all) or more", steps)
+				return usagef("--steps %d: must be 0 (all) or more", steps)
 			}
 			url, err := databaseURL(urlFlag)
 			if err != nil {
@@ -64,7 +65,7 @@ func newMigrateCommand(opts *globalOptions) *cobra.Command {
 	status := &cobra.Command{
 		Use:   "status",
 		Short: "Print the applied and latest schema versions",
-		Args:  cobra.NoArgs,
+		Args:  usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			url, err := databaseURL(urlFlag)
 			if err != nil {
@@ -97,11 +98,11 @@ func newMigrateCommand(opts *globalOptions) *cobra.Command {
 			"migration. Use it after a failed migration, once the database is repaired: every migration file runs\n" +
 			"in its own transaction, so after a failure the version really in place is the one before the failed one.\n" +
 			"VERSION -1 records that no version is applied.",
-		Args: cobra.ExactArgs(1),
+		Args: usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			version, err := strconv.Atoi(args[0])
 			if err != nil {
-				return fmt.Errorf("VERSION %q: must be an integer", args[0])
+				return usagef("VERSION %q: must be an integer", args[0])
 			}
 			url, err := databaseURL(urlFlag)
 			if err != nil {

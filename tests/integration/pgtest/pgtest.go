@@ -19,10 +19,11 @@
 //     created and dropped there; nothing else on that server is touched).
 //  2. A testcontainers-go PostgreSQL container, when a Docker engine answers a ping within about 2 s.
 //     PGTEST_NO_DOCKER=1 skips this step.
-//  3. A throwaway cluster made with the local initdb and postgres (found in PATH or /usr/lib/postgresql/*/bin,
-//     newest major version first), listening on 127.0.0.1 on a free port, tuned for speed (fsync, synchronous
-//     commit and full page writes off: its data does not survive a crash, and need not). When the tests run as
-//     root, the cluster runs as the postgres system user (else nobody), because PostgreSQL refuses root.
+//  3. A throwaway cluster (internal/pgcluster) made with the local initdb and postgres (found in PATH or
+//     /usr/lib/postgresql/*/bin, newest major version first), listening on 127.0.0.1 on a free port, tuned for
+//     speed (fsync, synchronous commit and full page writes off: its data does not survive a crash, and need
+//     not). When the tests run as root, the cluster runs as the postgres system user (else nobody), because
+//     PostgreSQL refuses root.
 //
 // Then it creates the template database stepready_template_<random> and migrates it once with migrations.Up.
 // Every New clones that template with CREATE DATABASE … TEMPLATE, which takes milliseconds, and drops the clone

@@ -7,12 +7,12 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"go.uber.org/goleak"
 
+	"github.com/stepready/stepready/internal/pgcluster"
 	"github.com/stepready/stepready/migrations"
 )
 
@@ -56,12 +56,13 @@ func startServer(ctx context.Context) (*server, error) {
 		s.leakOptions = container.leakOptions
 	default:
 		s.kind = "local cluster"
-		cluster, err := startLocalCluster(ctx)
+		cluster, err := pgcluster.StartThrowaway(ctx, pgcluster.ThrowawayOptions{Settings: pgcluster.FastSettings})
 		if err != nil {
 			return nil, fmt.Errorf("no PostgreSQL server for the tests: TEST_DATABASE_URL is not set, "+
 				"no Docker engine answered, and a local cluster could not be started: %w", err)
 		}
-		s.url, s.stop = cluster.url, cluster.stop
+		s.url = cluster.URL
+		s.stop = func() error { return cluster.Stop(context.Background()) }
 	}
 
 	if err := s.prepare(ctx); err != nil {
@@ -139,27 +140,4 @@ func databaseURL(serverURL, name string) (string, error) {
 	u.Path = "/" + name
 	u.RawPath = ""
 	return u.String(), nil
-}
-
-// waitReady polls the server at serverURL until it accepts a connection, ctx ends, or exited is closed (the
-// server process died).
-func waitReady(ctx context.Context, serverURL string, exited <-chan struct{}) error {
-	var lastErr error
-	for {
-		attemptCtx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		conn, err := pgx.Connect(attemptCtx, serverURL)
-		cancel()
-		if err == nil {
-			return conn.Close(ctx)
-		}
-		lastErr = err
-
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("server not ready: %w (last error: %w)", ctx.Err(), lastErr)
-		case <-exited:
-			return fmt.Errorf("server exited while starting (last error: %w)", lastErr)
-		case <-time.After(50 * time.Millisecond):
-		}
-	}
 }

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/pflag"
+
+	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/steps"
+	"github.com/stepready/stepready/steps/builtin"
+)
+
+// daemonFlags are the flags of the client configuration, shared by `run` and `demo`. Their defaults are the
+// root package's.
+type daemonFlags struct {
+	dispatch      string
+	concurrency   int
+	lease         time.Duration
+	reapInterval  time.Duration
+	pollInterval  time.Duration
+	shutdownGrace time.Duration
+	workerID      string
+	pollOnly      bool
+}
+
+// register defines the flags on fs; dispatchDefault is the default of --dispatch.
+func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
+	fs.StringVar(&d.dispatch, "dispatch", dispatchDefault, "how claimed steps reach a worker: "+
+		stepready.DispatchRiver+" (River jobs, worked by any scheduler on the database) or "+
+		stepready.DispatchDirect+" (this process's own worker pool)")
+	fs.IntVar(&d.concurrency, "concurrency", stepready.ConcurrencyDefault,
+		"attempts this process runs at once; claims never exceed the free capacity")
+	fs.DurationVar(&d.lease, "lease", stepready.LeaseDefault, fmt.Sprintf("attempt lease, renewed every "+
+		"lease/3; an attempt whose worker died is retried within lease + reap interval (at least %s)", stepready.LeaseMin))
+	fs.DurationVar(&d.reapInterval, "reap-interval", stepready.ReapIntervalDefault,
+		"how often the elected instance reaps expired leases; shorter than --lease")
+	fs.DurationVar(&d.pollInterval, "poll-interval", stepready.PollIntervalDefault,
+		"fallback poll for ready steps when no notification or retry timer wakes the claimer")
+	fs.DurationVar(&d.shutdownGrace, "shutdown-grace", stepready.ShutdownGraceDefault,
+		"at SIGINT/SIGTERM, how long running attempts may finish before they are cancelled and handed back uncharged")
+	fs.StringVar(&d.workerID, "worker-id", "", "this process's name in leases and events")
+	setDefaultText(fs, "worker-id", "hostname-pid")
+	fs.BoolVar(&d.pollOnly, "poll-only", false,
+		"never LISTEN, only poll (for PgBouncer in transaction pooling mode)")
+}
+
+// validate checks the flags, naming the flag at fault; its errors are usage errors.
+func (d *daemonFlags) validate() error {
+	switch {
+	case d.dispatch != stepready.DispatchRiver && d.dispatch != stepready.DispatchDirect:
+		return usagef("--dispatch %q: want %s or %s", d.dispatch, stepready.DispatchRiver, stepready.DispatchDirect)
+	case d.concurrency < 1:
+		return usagef("--concurrency %d: must be 1 or more", d.concurrency)
+	case d.lease < stepready.LeaseMin:
+		return usagef("--lease %s: must be at least %s", d.lease, stepready.LeaseMin)
+	case d.reapInterval <= 0:
+		return usagef("--reap-interval %s: must be more than 0", d.reapInterval)
+	case d.reapInterval >= d.lease:
+		return usagef("--reap-interval %s: must be shorter than --lease (%s)", d.reapInterval, d.lease)
+	case d.pollInterval <= 0:
+		return usagef("--poll-interval %s: must be more than 0", d.pollInterval)
+	case d.shutdownGrace < 0:
+		return usagef("--shutdown-grace %s: must be 0 or more", d.shutdownGrace)
+	case strings.TrimSpace(d.workerID) != d.workerID:
+		return usagef("--worker-id %q: no leading or trailing spaces", d.workerID)
+	}
+	return nil
+}
+
+// config is the client configuration of the flags.
+func (d *daemonFlags) config(reg *steps.Registry, logger *slog.Logger, metrics prometheus.Registerer) stepready.Config {
+	return stepready.Config{
+		Registry:      reg,
+		Dispatch:      d.dispatch,
+		Concurrency:   d.concurrency,
+		Lease:         d.lease,
+		ReapInterval:  d.reapInterval,
+		PollInterval:  d.pollInterval,
+		ShutdownGrace: d.shutdownGrace,
+		WorkerID:      d.workerID,
+		PollOnly:      d.pollOnly,
+		Logger:        logger,
+		Metrics:       metrics,
+	}
+}
+
+// poolHeadroom is how many connections the pool has beyond one per concurrent attempt: the claimer, the reaper
+// and River's own work.
+const poolHeadroom = 5
+
+// openPool opens and checks the pool of the daemon. Unless the URL sets pool_max_conns, the pool gets one
+// connection per concurrent attempt plus headroom, so that workers do not queue for connections.
+func openPool(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, usagef("--database-url: %w", err)
+	}
+	if !strings.Contains(url, "pool_max_conns") {
+		cfg.MaxConns = max(cfg.MaxConns, int32(min(concurrency, 10_000))+poolHeadroom)
+	}
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("open the database pool: %w", err)
+	}
+	if err := pool.Ping(ctx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("connect to the database: %w", err)
+	}
+	return pool, nil
+}
+
+// startClient builds the registry of built-in handlers and starts a client with the flags' configuration.
+func startClient(ctx context.Context, pool *pgxpool.Pool, d *daemonFlags, allowExec bool, logger *slog.Logger,
+	metrics prometheus.Registerer) (*stepready.Client, error) {
+	reg := steps.NewRegistry()
+	if err := builtin.Register(reg, builtin.Options{Pool: pool, AllowExec: allowExec}); err != nil {
+		return nil, err
+	}
+	client, err := stepready.NewClient(pool, d.config(reg, logger, metrics))
+	if err != nil {
+		return nil, usageError{err}
+	}
+	if err := client.Start(ctx); err != nil {
+		return nil, err
+	}
+	return client, nil
+}
+
+// watchSignals is armed while a daemon shuts down gracefully after the first SIGINT/SIGTERM (which cancels the
+// command's context): it says so, and a second signal ends the process at once with status 1. The returned
+// function disarms it.
+func (o *globalOptions) watchSignals() (disarm func()) {
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		received := 0
+		for {
+			select {
+			case <-done:
+				return
+			case sig := <-sigs:
+				received++
+				if received == 1 {
+					fmt.Fprintf(o.stderr, "scheduler: %s: stopping gracefully; send it again to exit at once\n", sig)
+					continue
+				}
+				fmt.Fprintf(o.stderr, "scheduler: %s again: exiting at once\n", sig)
+				o.exit(1)
+				return
+			}
+		}
+	})
+	return func() {
+		signal.Stop(sigs)
+		close(done)
+		wg.Wait()
+	}
+}

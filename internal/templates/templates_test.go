@@ -1,0 +1,165 @@
+package templates
+
+import (
+	"context"
+	"encoding/json"
+	"os"
+	"testing"
+	"testing/fstest"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready/examples"
+	"github.com/stepready/stepready/tests/integration/pgtest"
+)
+
+func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+
+func TestParseConvertsYAMLToJSON(t *testing.T) {
+	t.Parallel()
+	tmpl, err := Parse("t.yaml", []byte(`
+# comments are fine
+name: demo
+retry: {policy: standard}
+steps:
+  - name: a
+    handler: fail
+    input: {times: 2, class: transient, ratio: 0.5, on: true, none: ~}
+  - name: b
+    handler: noop
+    depends_on: [a]
+`))
+	require.NoError(t, err)
+	require.Equal(t, "demo", tmpl.Name)
+	require.Equal(t, "t.yaml", tmpl.File)
+	require.JSONEq(t, `{"name": "demo", "retry": {"policy": "standard"}, "steps": [
+		{"name": "a", "handler": "fail", "input": {"times": 2, "class": "transient", "ratio": 0.5, "on": true, "none": null}},
+		{"name": "b", "handler": "noop", "depends_on": ["a"]}]}`, string(tmpl.Definition))
+}
+
+func TestParseIsStrict(t *testing.T) {
+	t.Parallel()
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"duplicate key", "name: a\nname: b\n", `mapping key "name" already defined`},
+		{"duplicate nested key", "name: a\nsteps:\n  - {name: x, name: y}\n", `mapping key "name" already defined`},
+		{"two documents", "name: a\n---\nname: b\n", "one template per file"},
+		{"empty", "", "empty document"},
+		{"only a comment", "# nothing\n", "empty document"},
+		{"a sequence", "- a\n- b\n", "a template is a mapping"},
+		{"a scalar", "hello\n", "a template is a mapping"},
+		{"no name", "steps: []\n", "name: a non-empty string is required"},
+		{"empty name", "name: ''\n", "name: a non-empty string is required"},
+		{"name not a string", "name: 12\n", "name: a non-empty string is required"},
+		{"not JSON", "name: a\nsteps: [{input: {x: .inf}}]\n", "not representable as JSON"},
+		{"syntax", "name: [a\n", "t.yaml"},
+		{"alias bomb", "name: a\n" + aliasBomb, "too large: more than 100000 values"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			t.Parallel()
+			_, err := Parse("t.yaml", []byte(tt.yaml))
+			require.ErrorContains(t, err, tt.want)
+			require.ErrorContains(t, err, "t.yaml", "the error names the file")
+		})
+	}
+}
+
+// aliasBomb expands to 10^7 strings.
+const aliasBomb = `a: &a ["x","x","x","x","x","x","x","x","x","x"]
+b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a,*a]
+c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b,*b]
+d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c,*c]
+e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d,*d]
+f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e,*e]
+g: &g [*f,*f,*f,*f,*f,*f,*f,*f,*f,*f]
+`
+
+func FuzzParse(f *testing.F) {
+	for _, seed := range []string{"name: a\nsteps: [{name: s, handler: noop}]\n", "name: a\nname: b\n",
+		"- 1\n", "a: &x {b: *x}\n", "name: x\n---\n", "{name: \"\\u00e9\", n: 1e400}"} {
+		f.Add([]byte(seed))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		tmpl, err := Parse("fuzz.yaml", data)
+		if err != nil {
+			return
+		}
+		var def map[string]any
+		require.NoError(t, json.Unmarshal(tmpl.Definition, &def), "the definition is a JSON object")
+		require.Equal(t, tmpl.Name, def["name"])
+	})
+}
+
+func TestLoadReadsEveryYAMLFileInOrder(t *testing.T) {
+	t.Parallel()
+	ts, err := Load(fstest.MapFS{
+		"b.yml":      {Data: []byte("name: second\n")},
+		"a.yaml":     {Data: []byte("name: first\n")},
+		"README.md":  {Data: []byte("not a template")},
+		"sub/c.yaml": {Data: []byte("name: nested\n")},
+	})
+	require.NoError(t, err)
+	require.Len(t, ts, 2)
+	require.Equal(t, []string{"first", "second"}, []string{ts[0].Name, ts[1].Name})
+
+	_, err = Load(fstest.MapFS{"a.yaml": {Data: []byte("name: x\n")}, "b.yaml": {Data: []byte("name: x\n")}})
+	require.ErrorContains(t, err, `a.yaml and b.yaml both define the template "x"`)
+
+	_, err = Load(fstest.MapFS{"README.md": {Data: []byte("no templates")}})
+	require.ErrorContains(t, err, "no *.yaml or *.yml file")
+}
+
+func TestExamplesAreValidTemplates(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+
+	ts, err := Load(examples.FS)
+	require.NoError(t, err)
+	var names []string
+	for _, tmpl := range ts {
+		names = append(names, tmpl.Name)
+	}
+	require.Equal(t, []string{"diamond", "exhausts", "flaky", "permanent"}, names)
+
+	require.NoError(t, Store(ctx, db.Pool, ts), "the database accepts every example")
+	require.NoError(t, Store(ctx, db.Pool, ts), "storing again replaces version 1")
+	var versions int
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM stepready.task_templates").Scan(&versions))
+	require.Equal(t, len(ts), versions)
+
+	for _, tmpl := range ts {
+		id, err := CreateTask(ctx, db.Pool, tmpl.Name)
+		require.NoError(t, err)
+		var name string
+		require.NoError(t, db.Pool.QueryRow(ctx, "SELECT name FROM stepready.tasks WHERE id = $1", id).Scan(&name))
+		require.Equal(t, tmpl.Name, name)
+	}
+}
+
+func TestStoreReportsTheDatabasesValidationWithTheFile(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := pgtest.New(t)
+
+	good, err := Parse("good.yaml", []byte("name: good\nsteps: [{name: a, handler: noop}]\n"))
+	require.NoError(t, err)
+	bad, err := Parse("bad.yaml", []byte("name: bad\nsteps: [{name: a, handler: noop, depends_on: [nope]}]\n"))
+	require.NoError(t, err)
+
+	err = Store(ctx, db.Pool, []Template{good, bad})
+	require.ErrorContains(t, err, `bad.yaml: store template "bad"`)
+	require.ErrorContains(t, err, `depends_on: unknown step "nope"`)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr, "the SQLSTATE stays reachable")
+
+	var stored int
+	require.NoError(t, db.Pool.QueryRow(ctx, "SELECT count(*) FROM stepready.task_templates").Scan(&stored))
+	require.Zero(t, stored, "one transaction: nothing is stored")
+
+	_, err = CreateTask(ctx, db.Pool, "missing")
+	require.ErrorContains(t, err, `template "missing" does not exist`)
+}
