@@ -13,8 +13,8 @@ import (
 	"github.com/stepready/stepready/internal/store"
 )
 
-// reaperLockKey is the transaction advisory lock that elects the one reaper of each round ("StepRep\x01").
-const reaperLockKey int64 = 0x5374_6570_5265_7001
+// ReaperLockKey is the transaction advisory lock that elects the one reaper of each round ("StepRep\x01").
+const ReaperLockKey int64 = 0x5374_6570_5265_7001
 
 // Reaper calls reap_expired_leases every Interval on whichever instance takes the advisory lock first, so
 // exactly one instance reaps at a time however many daemons run.
@@ -57,7 +57,7 @@ func (r *Reaper) ReapOnce(ctx context.Context) (int, error) {
 	var n int
 	err := pgx.BeginFunc(ctx, r.Pool, func(tx pgx.Tx) error {
 		var leader bool
-		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, reaperLockKey).Scan(&leader); err != nil {
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, ReaperLockKey).Scan(&leader); err != nil {
 			return fmt.Errorf("readiness: reaper election: %w", err)
 		}
 		if !leader {
