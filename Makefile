@@ -13,7 +13,7 @@ BIN := bin/scheduler
 # make migrate DATABASE_URL=postgres://user:password@localhost:5432/stepready
 DATABASE_URL ?=
 
-.PHONY: help build run test test-race lint verify bench migrate db-reset
+.PHONY: help build run test test-race lint verify bench bench-quick migrate db-reset
 
 help: ## Show this list of targets
 	@echo "Usage: make TARGET"
@@ -40,8 +40,11 @@ verify: ## Check that go.mod and go.sum are tidy, then lint
 	$(GO) mod tidy -diff
 	$(MAKE) --no-print-directory lint
 
-bench: ## Run the benchmarks (they arrive with issue #6)
-	@echo "the benchmarks arrive with issue #6"
+bench: ## Run every benchmark scenario at full size on a throwaway PostgreSQL; prints the table, writes bench.json
+	$(GO) run ./cmd/bench -size full -json bench.json
+
+bench-quick: ## The same scenarios, small (under a few minutes); prints the table, writes bench.json
+	$(GO) run ./cmd/bench -size quick -json bench.json
 
 migrate: build ## Migrate the database at DATABASE_URL to the newest schema (scheduler migrate up)
 	$(BIN) migrate up --database-url "$(DATABASE_URL)"

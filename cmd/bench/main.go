@@ -1,0 +1,47 @@
+// Command bench runs stepready's benchmarks on a throwaway local PostgreSQL and prints one table (scenario,
+// figure, baseline, ratio, target, met) plus bench.json. Every figure is compared with a baseline measured in
+// the same run. `make bench` runs the full size, `make bench-quick` the small one.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/signal"
+
+	"github.com/stepready/stepready/internal/bench"
+)
+
+func main() {
+	sizeName := flag.String("size", "quick", "quick or full")
+	out := flag.String("json", "bench.json", "where to write the JSON report (empty: nowhere)")
+	verbose := flag.Bool("v", false, "log progress")
+	flag.Parse()
+	size, ok := bench.Sizes[*sizeName]
+	if !ok {
+		fmt.Fprintf(os.Stderr, "bench: unknown size %q (quick or full)\n", *sizeName)
+		os.Exit(2)
+	}
+	level := slog.LevelWarn
+	if *verbose {
+		level = slog.LevelInfo
+	}
+	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+	rep, err := bench.Run(ctx, size, logger)
+	if rep != nil {
+		rep.Print(os.Stdout)
+		if *out != "" {
+			if werr := rep.WriteJSON(*out); werr != nil {
+				fmt.Fprintln(os.Stderr, "bench:", werr)
+			}
+		}
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+}

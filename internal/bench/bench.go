@@ -1,0 +1,165 @@
+// Package bench measures stepready against baselines measured in the same run on the same machine, and reports
+// ratios, because absolute numbers drift on shared machines. `make bench` and `make bench-quick` run it through
+// cmd/bench.
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"sort"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/internal/pgcluster"
+	"github.com/stepready/stepready/migrations"
+)
+
+// Size scales every scenario.
+type Size struct {
+	// Name is "quick" or "full".
+	Name string
+	// ClaimSmall and ClaimLarge are the table sizes of the claim-cost scenario (ready steps: ClaimReady).
+	ClaimSmall, ClaimLarge, ClaimReady int
+	// ReadinessTasks is how many tasks sit in the tables while step_readiness is timed.
+	ReadinessTasks int
+	// Throughput is the number of independent no-op steps worked to completion.
+	Throughput int
+}
+
+// Sizes are the presets of cmd/bench.
+var Sizes = map[string]Size{
+	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000, Throughput: 5_000},
+	"full":  {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000, Throughput: 50_000},
+}
+
+// Row is one line of the report.
+type Row struct {
+	Scenario string  `json:"scenario"`
+	Figure   string  `json:"figure"`
+	Value    float64 `json:"value"`
+	Unit     string  `json:"unit"`
+	Baseline string  `json:"baseline,omitempty"`
+	BaseVal  float64 `json:"baseline_value,omitempty"`
+	Ratio    float64 `json:"ratio,omitempty"`
+	Target   string  `json:"target"`
+	Met      *bool   `json:"met,omitempty"`
+}
+
+// Report is what a run produces.
+type Report struct {
+	Size      string    `json:"size"`
+	StartedAt time.Time `json:"started_at"`
+	Postgres  string    `json:"postgres"`
+	Rows      []Row     `json:"rows"`
+}
+
+// Env is a database for one scenario.
+type Env struct {
+	Cluster *pgcluster.Cluster
+	Logger  *slog.Logger
+	n       int
+}
+
+// NewDB creates and migrates a fresh database, returning a pool with the default search_path.
+func (e *Env) NewDB(ctx context.Context, maxConns int) (*pgxpool.Pool, string, error) {
+	e.n++
+	name := fmt.Sprintf("bench_%d", e.n)
+	admin, err := pgxpool.New(ctx, e.Cluster.URL)
+	if err != nil {
+		return nil, "", err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, "CREATE DATABASE "+name); err != nil {
+		return nil, "", fmt.Errorf("bench: create database: %w", err)
+	}
+	url := e.Cluster.DatabaseURL(name)
+	if err := migrations.Up(ctx, url, nil); err != nil {
+		return nil, "", err
+	}
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, "", err
+	}
+	cfg.MaxConns = int32(maxConns)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	return pool, url, err
+}
+
+// Run runs every scenario at size and returns the report.
+func Run(ctx context.Context, size Size, logger *slog.Logger) (*Report, error) {
+	cl, err := pgcluster.StartThrowaway(ctx, pgcluster.ThrowawayOptions{Settings: pgcluster.FastSettings, Logger: logger})
+	if err != nil {
+		return nil, err
+	}
+	defer func() { _ = cl.Stop(context.Background()) }()
+	env := &Env{Cluster: cl, Logger: logger}
+	rep := &Report{Size: size.Name, StartedAt: time.Now().UTC()}
+	pool, err := pgxpool.New(ctx, cl.URL)
+	if err == nil {
+		_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&rep.Postgres)
+		pool.Close()
+	}
+	for _, sc := range scenarios {
+		logger.Info("bench: scenario", slog.String("name", sc.name))
+		rows, err := sc.run(ctx, env, size)
+		if err != nil {
+			return rep, fmt.Errorf("bench: %s: %w", sc.name, err)
+		}
+		rep.Rows = append(rep.Rows, rows...)
+	}
+	return rep, nil
+}
+
+type scenario struct {
+	name string
+	run  func(ctx context.Context, env *Env, size Size) ([]Row, error)
+}
+
+var scenarios = []scenario{
+	{"claim cost", claimCost},
+	{"step_readiness", readinessLatency},
+	{"throughput", throughput},
+}
+
+// Print writes the report as a table.
+func (r *Report) Print(w io.Writer) {
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "scenario\tfigure\tvalue\tbaseline\tratio\ttarget\tmet\n")
+	for _, row := range r.Rows {
+		met := "-"
+		if row.Met != nil {
+			met = map[bool]string{true: "met", false: "UNMET"}[*row.Met]
+		}
+		base, ratio := "-", "-"
+		if row.Baseline != "" {
+			base = fmt.Sprintf("%s %.4g", row.Baseline, row.BaseVal)
+			ratio = fmt.Sprintf("%.2f", row.Ratio)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%.4g %s\t%s\t%s\t%s\t%s\n", row.Scenario, row.Figure, row.Value, row.Unit, base,
+			ratio, row.Target, met)
+	}
+	_ = tw.Flush()
+}
+
+// WriteJSON writes the report to path.
+func (r *Report) WriteJSON(path string) error {
+	b, err := json.MarshalIndent(r, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(b, '\n'), 0o644)
+}
+
+func median(ds []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+func boolp(b bool) *bool { return &b }
