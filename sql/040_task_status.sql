@@ -26,8 +26,9 @@ $$;
 CREATE OR REPLACE FUNCTION stepready._task_apply(p_task_ids bigint[], p_d_total int[], p_d_unsatisfied int[],
                                                  p_d_in_error int[], p_started bool[], p_at timestamptz[])
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql -- not sql: PL/pgSQL caches the plan, a SQL function would plan it on every call
 AS $$
+BEGIN
     WITH d AS (
         SELECT u.task_id, u.d_total, u.d_unsat, u.d_err, u.started, u.at
           FROM unnest(p_task_ids, p_d_total, p_d_unsatisfied, p_d_in_error, p_started, p_at)
@@ -48,6 +49,7 @@ AS $$
            END
       FROM d JOIN locked l ON l.id = d.task_id
      WHERE t.id = d.task_id;
+END;
 $$;
 
 -- A state change of one step: adjust its task's counters (or, for a claim, just start a pending task).

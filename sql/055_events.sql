@@ -4,11 +4,13 @@
 CREATE OR REPLACE FUNCTION stepready._log(p_step stepready.steps, p_event text, p_from text, p_to text,
                                           p_details jsonb, p_at timestamptz)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql -- not sql: PL/pgSQL caches the INSERT's plan, a SQL function would plan it on every call
 AS $$
+BEGIN
     INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state, details, at)
     VALUES (p_step.task_id, p_step.id, p_step.attempts, p_step.iteration, p_event, p_from, p_to,
             COALESCE(p_details, '{}'), COALESCE(p_at, clock_timestamp()));
+END;
 $$;
 
 -- Raises the standard "no such step" error (P0002) unless the step exists; returns the row locked.

@@ -3,10 +3,12 @@
 
 CREATE OR REPLACE FUNCTION stepready._log_task(p_task_id bigint, p_event text, p_details jsonb, p_at timestamptz)
 RETURNS void
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
+BEGIN
     INSERT INTO stepready.step_events (task_id, event, details, at)
     VALUES (p_task_id, p_event, COALESCE(p_details, '{}'), COALESCE(p_at, clock_timestamp()));
+END;
 $$;
 
 -- Returns the task row locked, or raises P0002.
