@@ -39,11 +39,8 @@ RETURNS TABLE (
     next_attempt_at        timestamptz,
     ready                  bool,
     blocked_reason         text)
-LANGUAGE plpgsql STABLE -- not sql: PL/pgSQL caches the plan; a SQL function would plan the query on every call
+LANGUAGE sql STABLE
 AS $$
-#variable_conflict use_column
-BEGIN
-    RETURN QUERY
     SELECT r.task_id, r.step_id, r.name, r.state, r.attempts, r.max_attempts, r.retryable,
            r.total_parents, r.completed_parents, r.dependencies_satisfied, r.retry_eligible, r.next_attempt_at,
            r.blocked_reason IS NULL AS ready, r.blocked_reason
@@ -69,7 +66,6 @@ BEGIN
            AND (p_step_ids IS NULL OR s.id = ANY (p_step_ids))
       ) r
      ORDER BY r.task_id, r.step_id;
-END;
 $$;
 
 CREATE OR REPLACE FUNCTION stepready.task_execution_context(p_task_id bigint, p_as_of timestamptz DEFAULT now())
