@@ -83,7 +83,7 @@ func (e *Executor) Run(ctx context.Context, c store.ClaimedStep, claimedAt time.
 	log.Info("executor: attempt started")
 
 	step := &Step{ID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler, Input: st.Input,
-		Context: st.Context, Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue}
+		Context: st.Context, Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue, Rules: st.Rules}
 	if c.TimeoutMS != nil {
 		step.Timeout = time.Duration(*c.TimeoutMS) * time.Millisecond
 	}
@@ -237,6 +237,9 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 		log.Info("executor: iteration done; step repeats", slog.Duration("delay", rep.Delay), slog.Bool("recorded", ok))
 		return nil
 	}
+	if hasRules(step.Rules) {
+		return e.recordWithRules(ctx, log, step, r)
+	}
 	if r.err != nil {
 		return e.fail(ctx, log, step, classify(r.err, r.timedOut))
 	}
@@ -254,11 +257,15 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 }
 
 func (e *Executor) fail(ctx context.Context, log *slog.Logger, step *Step, d errorDoc) error {
+	return e.failOn(ctx, e.Pool, log, step, d)
+}
+
+func (e *Executor) failOn(ctx context.Context, db store.DBTX, log *slog.Logger, step *Step, d errorDoc) error {
 	doc, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("steps: encode error document: %w", err)
 	}
-	res, err := store.FailStep(ctx, e.Pool, step.ID, step.Attempt, doc)
+	res, err := store.FailStep(ctx, db, step.ID, step.Attempt, doc)
 	if err != nil {
 		return err
 	}
@@ -280,9 +287,11 @@ type errorDoc struct {
 	Message      string `json:"message"`
 	Code         string `json:"code,omitempty"`
 	HTTPStatus   int    `json:"http_status,omitempty"`
-	RetryAfterMS *int64 `json:"retry_after_ms,omitempty"`
-	Retryable    *bool  `json:"retryable,omitempty"`
-	Stack        string `json:"stack,omitempty"`
+	RetryAfterMS *int64          `json:"retry_after_ms,omitempty"`
+	Retryable    *bool           `json:"retryable,omitempty"`
+	Stack        string          `json:"stack,omitempty"`
+	Retry        json.RawMessage `json:"retry,omitempty"` // a rule's policy overrides for this failure
+	Rule         map[string]any  `json:"rule,omitempty"`  // the rule that decided
 }
 
 // classify turns a handler error into the error document: a classified *Error keeps its class; an unclassified

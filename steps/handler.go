@@ -31,6 +31,9 @@ type Step struct {
 	// Timeout is the per-attempt timeout the step defines (zero: the daemon's default). The handler's context
 	// carries the resulting deadline.
 	Timeout time.Duration
+	// Rules is the step's outcome rules document (SPEC §8; empty when it has none). The executor evaluates it
+	// after the attempt; handlers need not look at it.
+	Rules json.RawMessage
 }
 
 // DecodeInput unmarshals the step's input into v. A failure is returned as a permanent error: input that does

@@ -189,3 +189,13 @@ func NextClaimAt(ctx context.Context, db DBTX) (next *time.Time, dbNow time.Time
 	}
 	return next, dbNow, nil
 }
+
+// RecordPolicyEvaluation appends the policy.evaluated event of a running attempt (what its rules decided);
+// false when the attempt was fenced out.
+func RecordPolicyEvaluation(ctx context.Context, db DBTX, stepID int64, attempt int, details json.RawMessage) (bool, error) {
+	var ok bool
+	if err := db.QueryRow(ctx, `SELECT stepready.record_policy_evaluation($1, $2, $3)`, stepID, attempt, details).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: record policy evaluation of step %d attempt %d: %w", stepID, attempt, err)
+	}
+	return ok, nil
+}
