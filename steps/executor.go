@@ -283,10 +283,10 @@ func (e *Executor) failOn(ctx context.Context, db store.DBTX, log *slog.Logger, 
 
 // errorDoc is the p_error document of stepready.fail_step.
 type errorDoc struct {
-	Class        string `json:"class"`
-	Message      string `json:"message"`
-	Code         string `json:"code,omitempty"`
-	HTTPStatus   int    `json:"http_status,omitempty"`
+	Class        string          `json:"class"`
+	Message      string          `json:"message"`
+	Code         string          `json:"code,omitempty"`
+	HTTPStatus   int             `json:"http_status,omitempty"`
 	RetryAfterMS *int64          `json:"retry_after_ms,omitempty"`
 	Retryable    *bool           `json:"retryable,omitempty"`
 	Stack        string          `json:"stack,omitempty"`

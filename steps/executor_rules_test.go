@@ -11,7 +11,6 @@ import (
 	"github.com/stepready/stepready/steps"
 )
 
-
 func TestExecutorAppliesOutcomeRules(t *testing.T) {
 	t.Parallel()
 	unavailable := steps.HandlerFunc(func(context.Context, *steps.Step) (any, error) {
