@@ -199,3 +199,12 @@ func RecordPolicyEvaluation(ctx context.Context, db DBTX, stepID int64, attempt 
 	}
 	return ok, nil
 }
+
+// SQLState returns the SQLSTATE of a PostgreSQL error, or "" for any other error.
+func SQLState(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		return pgErr.Code
+	}
+	return ""
+}
