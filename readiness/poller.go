@@ -35,16 +35,27 @@ func (p *Poller) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
+		// The timer is armed before claiming, never after: a step whose backoff ends between the two statements
+		// is then either in the timer (future at the first) or claimed (due at the second). Armed after the
+		// claim, such a step would be neither, and would wait for the poll interval. A retry scheduled after
+		// the timer query is followed by a freed-capacity signal (this process) or its own daemon's wake-up.
+		wait := p.armTimer(ctx, due)
 		p.claimAll(ctx)
-		p.armTimer(ctx, due)
+		p.Logger.Debug("readiness: waiting", slog.Duration("next_due_in", wait))
+		var why string
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-p.Wake:
+			why = "notification"
 		case <-due.C:
+			why = "due timer"
 		case <-tick.C:
+			why = "poll interval"
 		case <-p.Dispatcher.Freed():
+			why = "capacity freed"
 		}
+		p.Logger.Debug("readiness: woken", slog.String("by", why))
 	}
 }
 
@@ -73,7 +84,7 @@ func (p *Poller) claimAll(ctx context.Context) {
 
 // armTimer sets the timer to the earliest future next_attempt_at, measured on the database's clock, capped by
 // the poll interval.
-func (p *Poller) armTimer(ctx context.Context, t *time.Timer) {
+func (p *Poller) armTimer(ctx context.Context, t *time.Timer) time.Duration {
 	wait := p.PollInterval
 	next, dbNow, err := store.NextClaimAt(ctx, p.DB)
 	if err != nil {
@@ -88,6 +99,7 @@ func (p *Poller) armTimer(ctx context.Context, t *time.Timer) {
 		}
 	}
 	t.Reset(wait)
+	return wait
 }
 
 func (p *Poller) logError(ctx context.Context, msg string, err error) {

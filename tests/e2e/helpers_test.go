@@ -90,7 +90,11 @@ func (b *bundle) waitTask(t *testing.T, taskID int64, timeout time.Duration, wan
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("task %d: status %q after %s, want one of %v", taskID, status, timeout, want)
+			var dump string
+			_ = b.db.Pool.QueryRow(context.Background(), `SELECT string_agg(format('%s %s attempts=%s next=%s held=%s pp=%s now=%s',
+				name, state, attempts, next_attempt_at, task_held, pending_parents, now()), E'\n')
+				FROM stepready.steps WHERE task_id = $1`, taskID).Scan(&dump)
+			t.Fatalf("task %d: status %q after %s, want one of %v; steps:\n%s", taskID, status, timeout, want, dump)
 		}
 		<-time.After(10 * time.Millisecond)
 	}
