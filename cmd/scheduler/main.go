@@ -103,6 +103,8 @@ func newRootCommandWith(opts *globalOptions) *cobra.Command {
 		"log format on stderr: text or json (slog)")
 
 	root.AddCommand(newMigrateCommand(opts), newRunCommand(opts), newDemoCommand(opts))
+	root.AddCommand(newExplainCommand(opts), newTaskCommand(opts), newStepCommand(opts), newTemplateCommand(opts),
+		newPolicyCommand(opts))
 	return root
 }
 

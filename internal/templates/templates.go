@@ -2,12 +2,15 @@
 // stepready.task_templates.
 //
 // YAML is only a notation here: a file is decoded strictly (one document, a mapping at the top, no duplicate
-// keys), converted to JSON, and handed to the database, whose task_templates trigger validates the definition
-// with the same rules and messages as create_task. Nothing in Go re-checks what SQL checks.
+// keys, no unknown key), converted to JSON, and handed to the database, whose task_templates trigger validates
+// the definition with the same rules and messages as create_task. Go checks only what it can say better than
+// SQL: an unknown key is reported with its line and column (the database would name it without a line), and
+// the CEL of outcome rules is compiled (rules.Validate: Postgres cannot); values are left to the database.
 package templates
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -19,7 +22,10 @@ import (
 	"slices"
 
 	"github.com/goccy/go-yaml"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/rules"
 )
 
 var (
@@ -33,6 +39,9 @@ var (
 type Template struct {
 	// Name is the template's name: the definition's name field.
 	Name string
+	// Version is the template's version (the file's top-level version key, default 1); name and version
+	// identify a stored template, and tasks are created from the newest version.
+	Version int
 	// File is the file it was read from, for messages.
 	File string
 	// Definition is the task definition as JSON.
@@ -40,38 +49,137 @@ type Template struct {
 }
 
 // Parse decodes one YAML template. file names it in errors. The document must be a mapping with a non-empty
-// string name; everything else is checked by the database when the template is stored.
+// string name, an optional integer version >= 1 (not part of the definition) and only the keys of a task
+// definition (SPEC §10); everything else is checked by the database when the template is stored.
 func Parse(file string, data []byte) (Template, error) {
-	dec := yaml.NewDecoder(bytes.NewReader(data), yaml.Strict())
-	var doc any
-	if err := dec.Decode(&doc); err != nil {
-		if errors.Is(err, io.EOF) {
-			return Template{}, fmt.Errorf("%s: empty document", file)
+	def, err := decode(file, data, true)
+	if err != nil {
+		return Template{}, err
+	}
+	version := 1
+	if v, ok := def["version"]; ok {
+		n, ok := v.(uint64)
+		if !ok || n < 1 || n > 1<<31-1 {
+			return Template{}, fmt.Errorf("%s: version: must be an integer >= 1, got %v", file, v)
 		}
-		return Template{}, fmt.Errorf("%s: %w", file, err)
-	}
-	var extra any
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return Template{}, fmt.Errorf("%s: one template per file: found a second YAML document", file)
-	}
-	def, ok := doc.(map[string]any)
-	if !ok {
-		return Template{}, fmt.Errorf("%s: a template is a mapping (name, steps, …), got %s", file, describe(doc))
+		version = int(n)
+		delete(def, "version")
 	}
 	name, ok := def["name"].(string)
 	if !ok || name == "" {
 		return Template{}, fmt.Errorf("%s: name: a non-empty string is required", file)
 	}
-	// Aliases are decoded as shared values: a small file can expand to an enormous definition (the "billion
-	// laughs"). Count before encoding.
-	if !withinNodes(def, maxNodes) {
-		return Template{}, fmt.Errorf("%s: too large: more than %d values once aliases are expanded", file, maxNodes)
-	}
 	b, err := json.Marshal(def)
 	if err != nil {
 		return Template{}, fmt.Errorf("%s: not representable as JSON: %w", file, err)
 	}
-	return Template{Name: name, File: file, Definition: b}, nil
+	// Postgres cannot compile CEL: the outcome rules are compiled here, before anything is stored (SPEC §8).
+	if err := rules.Validate(b); err != nil {
+		return Template{}, fmt.Errorf("%s: %w", file, err)
+	}
+	return Template{Name: name, Version: version, File: file, Definition: b}, nil
+}
+
+// ParseDefinition decodes one YAML task definition (the document `scheduler task create -f` reads) into the
+// JSON that stepready.create_task takes, with the strict checks of Parse; a definition has no version.
+func ParseDefinition(file string, data []byte) (json.RawMessage, error) {
+	def, err := decode(file, data, false)
+	if err != nil {
+		return nil, err
+	}
+	b, err := json.Marshal(def)
+	if err != nil {
+		return nil, fmt.Errorf("%s: not representable as JSON: %w", file, err)
+	}
+	if err := rules.Validate(b); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return b, nil
+}
+
+// decode reads one YAML document that must be a task definition mapping (plus version when withVersion).
+func decode(file string, data []byte, withVersion bool) (map[string]any, error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data), yaml.Strict())
+	var doc any
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, fmt.Errorf("%s: empty document", file)
+		}
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	var extra any
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return nil, fmt.Errorf("%s: one template per file: found a second YAML document", file)
+	}
+	def, ok := doc.(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: a template is a mapping (name, steps, …), got %s", file, describe(doc))
+	}
+	// Aliases are decoded as shared values: a small file can expand to an enormous definition (the "billion
+	// laughs"). Count before anything else walks it.
+	if !withinNodes(def, maxNodes) {
+		return nil, fmt.Errorf("%s: too large: more than %d values once aliases are expanded", file, maxNodes)
+	}
+	// The same document again, into the shape of a definition, only to report an unknown key with its line.
+	var shape any = &definitionKeys{}
+	if withVersion {
+		shape = &templateKeys{}
+	}
+	if err := yaml.NewDecoder(bytes.NewReader(data), yaml.Strict()).Decode(shape); err != nil {
+		return nil, fmt.Errorf("%s: %w", file, err)
+	}
+	return def, nil
+}
+
+// definitionKeys is the set of keys of a task definition (SPEC §10; the lists of validate_task_definition in
+// sql/100_definitions.sql). Values are `any`: checking them is the database's job.
+type definitionKeys struct {
+	Name           any        `yaml:"name"`
+	Namespace      any        `yaml:"namespace"`
+	Context        any        `yaml:"context"`
+	Priority       any        `yaml:"priority"`
+	IdempotencyKey any        `yaml:"idempotency_key"`
+	Retry          *retryKeys `yaml:"retry"`
+	Steps          []stepKeys `yaml:"steps"`
+}
+
+// templateKeys is definitionKeys plus the template's version.
+type templateKeys struct {
+	Version        any        `yaml:"version"`
+	Name           any        `yaml:"name"`
+	Namespace      any        `yaml:"namespace"`
+	Context        any        `yaml:"context"`
+	Priority       any        `yaml:"priority"`
+	IdempotencyKey any        `yaml:"idempotency_key"`
+	Retry          *retryKeys `yaml:"retry"`
+	Steps          []stepKeys `yaml:"steps"`
+}
+
+type retryKeys struct {
+	Policy      any `yaml:"policy"`
+	MaxAttempts any `yaml:"max_attempts"`
+	Retryable   any `yaml:"retryable"`
+	Backoff     any `yaml:"backoff"`
+	BaseDelayMs any `yaml:"base_delay_ms"`
+	Multiplier  any `yaml:"multiplier"`
+	MaxDelayMs  any `yaml:"max_delay_ms"`
+	Jitter      any `yaml:"jitter"`
+}
+
+type stepKeys struct {
+	Name          any        `yaml:"name"`
+	Handler       any        `yaml:"handler"`
+	Input         any        `yaml:"input"`
+	DependsOn     any        `yaml:"depends_on"`
+	Retry         *retryKeys `yaml:"retry"`
+	TimeoutMs     any        `yaml:"timeout_ms"`
+	OnExhausted   any        `yaml:"on_exhausted"`
+	Rules         any        `yaml:"rules"`
+	MaxIterations any        `yaml:"max_iterations"`
+	Collect       any        `yaml:"collect"`
+	Queue         any        `yaml:"queue"`
+	Priority      any        `yaml:"priority"`
+	BreakerLimit  any        `yaml:"breaker_limit"`
 }
 
 // maxNodes bounds the number of values (scalars, mappings, sequences) of one template, aliases expanded.
@@ -148,23 +256,44 @@ func Load(fsys fs.FS) ([]Template, error) {
 	return out, nil
 }
 
-// Store writes the templates to stepready.task_templates as version 1 (insert, or replace the definition), all
-// in one transaction: an invalid template stores none. The error names the file and the database's message.
+// Store writes the templates to stepready.task_templates (insert, or replace the definition of the same name and
+// version), all in one transaction: an invalid template stores none. The error names the file and the
+// database's message.
 func Store(ctx context.Context, pool *pgxpool.Pool, ts []Template) error {
-	tx, err := pool.Begin(ctx)
+	_, err := Apply(ctx, pool, ts)
+	return err
+}
+
+// Applied says what Apply did with one template.
+type Applied struct {
+	Template
+	// Created is true when the name and version were new, false when an existing definition was replaced.
+	Created bool
+}
+
+// Apply is Store, reporting for each template whether it was created or replaced.
+func Apply(ctx context.Context, db interface {
+	Begin(context.Context) (pgx.Tx, error)
+}, ts []Template,
+) ([]Applied, error) {
+	tx, err := db.Begin(ctx)
 	if err != nil {
-		return fmt.Errorf("templates: %w", err)
+		return nil, fmt.Errorf("templates: %w", err)
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	out := make([]Applied, 0, len(ts))
 	for _, t := range ts {
-		if _, err := tx.Exec(ctx, upsertTemplateSQL, t.Name, t.Definition); err != nil {
-			return fmt.Errorf("templates: %s: store template %q: %w", t.File, t.Name, err)
+		a := Applied{Template: t}
+		a.Version = cmp.Or(a.Version, 1)
+		if err := tx.QueryRow(ctx, upsertTemplateSQL, t.Name, t.Definition, a.Version).Scan(&a.Created); err != nil {
+			return nil, fmt.Errorf("templates: %s: store template %q: %w", t.File, t.Name, err)
 		}
+		out = append(out, a)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		return fmt.Errorf("templates: %w", err)
+		return nil, fmt.Errorf("templates: %w", err)
 	}
-	return nil
+	return out, nil
 }
 
 // CreateTask creates one task from the newest version of template name and returns its id.

@@ -163,3 +163,44 @@ func TestStoreReportsTheDatabasesValidationWithTheFile(t *testing.T) {
 	_, err = CreateTask(ctx, db.Pool, "missing")
 	require.ErrorContains(t, err, `template "missing" does not exist`)
 }
+
+func TestParseReportsUnknownKeysWithTheirLine(t *testing.T) {
+	t.Parallel()
+	_, err := Parse("t.yaml", []byte("name: x\nsteps:\n  - name: a\n    hanlder: noop\n"))
+	require.ErrorContains(t, err, `t.yaml: [4:5] unknown field "hanlder"`)
+
+	_, err = Parse("t.yaml", []byte("name: x\nretry:\n  policy: standard\n  max_attempt: 3\nsteps: []\n"))
+	require.ErrorContains(t, err, `t.yaml: [4:3] unknown field "max_attempt"`)
+
+	_, err = ParseDefinition("task.yaml", []byte("name: x\nversion: 2\nsteps: []\n"))
+	require.ErrorContains(t, err, `task.yaml: [2:1] unknown field "version"`)
+}
+
+func TestParseReadsTheVersion(t *testing.T) {
+	t.Parallel()
+	tmpl, err := Parse("t.yaml", []byte("name: x\nversion: 3\nsteps: [{name: a, handler: noop}]\n"))
+	require.NoError(t, err)
+	require.Equal(t, 3, tmpl.Version)
+	require.JSONEq(t, `{"name": "x", "steps": [{"name": "a", "handler": "noop"}]}`, string(tmpl.Definition))
+
+	tmpl, err = Parse("t.yaml", []byte("name: x\nsteps: [{name: a, handler: noop}]\n"))
+	require.NoError(t, err)
+	require.Equal(t, 1, tmpl.Version)
+
+	for _, bad := range []string{"0", "-1", "two", "1.5"} {
+		_, err = Parse("t.yaml", []byte("name: x\nversion: "+bad+"\nsteps: []\n"))
+		require.ErrorContains(t, err, "t.yaml: version: must be an integer >= 1", bad)
+	}
+}
+
+func TestParseCompilesTheRules(t *testing.T) {
+	t.Parallel()
+	doc := "name: x\nsteps:\n  - name: a\n    handler: noop\n    rules:\n      - {when: 'attempt >', then: {do: retry}}\n"
+	_, err := Parse("t.yaml", []byte(doc))
+	require.ErrorContains(t, err, `t.yaml: steps[0] "a": rules[0].when: `)
+	_, err = ParseDefinition("task.yaml", []byte(doc))
+	require.ErrorContains(t, err, `task.yaml: steps[0] "a": rules[0].when: `)
+
+	_, err = Parse("t.yaml", []byte("name: x\nsteps:\n  - name: a\n    handler: noop\n    rules:\n      - {when: 'attempt > 2', then: {do: fail}}\n"))
+	require.NoError(t, err)
+}

@@ -1,0 +1,236 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/spf13/cobra"
+)
+
+// The operator commands (explain, task, step, template, policy) share this plumbing: a database URL, an output
+// format, an optional pinned time, and the translation of the database's refusals into plain errors. The
+// commands call stepready's SQL functions and print what they return; no rule is re-derived in Go.
+
+// Output formats of --output.
+const (
+	outputTable = "table"
+	outputJSON  = "json"
+)
+
+// dbOptions are the flags every database command has.
+type dbOptions struct {
+	url    string
+	output string
+	asOf   string
+}
+
+// addDBFlags registers --database-url and --output on cmd (persistent: its subcommands inherit them).
+func addDBFlags(cmd *cobra.Command, o *dbOptions) {
+	cmd.PersistentFlags().StringVar(&o.url, "database-url", "", "PostgreSQL URL of the stepready database")
+	setDefaultText(cmd.PersistentFlags(), "database-url", "none")
+	cmd.PersistentFlags().StringVarP(&o.output, "output", "o", outputTable,
+		"output format: table (for people) or json (stable, for scripts)")
+}
+
+// addAsOfFlag registers --as-of on cmd: the time readiness is judged at.
+func addAsOfFlag(cmd *cobra.Command, o *dbOptions) {
+	cmd.Flags().StringVar(&o.asOf, "as-of", "",
+		"judge readiness at this time (RFC 3339, for example 2030-01-01T12:00:00Z) instead of the database's now")
+	setDefaultText(cmd.Flags(), "as-of", "database now")
+}
+
+// format checks --output.
+func (o *dbOptions) format() (string, error) {
+	switch o.output {
+	case outputTable, outputJSON:
+		return o.output, nil
+	}
+	return "", usagef("--output %q: want %s or %s", o.output, outputTable, outputJSON)
+}
+
+// connect opens one connection to the database named by --database-url (or the environment).
+func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
+	url, err := databaseURL(o.url)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the database: %w", err)
+	}
+	return conn, nil
+}
+
+// withConn validates --output, connects and runs f, closing the connection afterwards.
+func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format string) error) error {
+	format, err := o.format()
+	if err != nil {
+		return err
+	}
+	conn, err := o.connect(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	return dbError(f(conn, format))
+}
+
+// dbNow returns --as-of, or the database's current time when it is not set. Every time printed is relative to
+// it, so that a client with a wrong clock still prints the truth.
+func (o *dbOptions) dbNow(ctx context.Context, q pgx.Tx) (time.Time, error) {
+	if strings.TrimSpace(o.asOf) != "" {
+		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(o.asOf))
+		if err != nil {
+			return time.Time{}, usagef("--as-of %q: want an RFC 3339 time such as 2030-01-01T12:00:00Z", o.asOf)
+		}
+		return t, nil
+	}
+	var now time.Time
+	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+		return time.Time{}, err
+	}
+	return now, nil
+}
+
+// dbError turns an error raised by a stepready function into the database's own message: a refusal such as
+// "cannot cancel task 3: it is already complete" is what the operator needs to read, not the SQLSTATE.
+func dbError(err error) error {
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) {
+		return err
+	}
+	msg := pgErr.Message
+	if pgErr.Detail != "" {
+		msg += " (" + pgErr.Detail + ")"
+	}
+	// Keep the context the error was wrapped in (a file name), replacing only "ERROR: … (SQLSTATE …)".
+	return refusalError{msg: strings.Replace(err.Error(), pgErr.Error(), msg, 1), err: err}
+}
+
+// refusalError is the database refusing or failing a request; it exits with status 1.
+type refusalError struct {
+	msg string
+	err error
+}
+
+func (e refusalError) Error() string { return e.msg }
+func (e refusalError) Unwrap() error { return e.err }
+
+// parseID parses a positional id argument.
+func parseID(what, arg string) (int64, error) {
+	var id int64
+	if _, err := fmt.Sscan(arg, &id); err != nil || id <= 0 || fmt.Sprint(id) != arg {
+		return 0, usagef("%s %q: want a positive integer id", what, arg)
+	}
+	return id, nil
+}
+
+// writeJSON prints v as indented JSON, the stable format for scripts.
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// newTable returns a tabwriter for aligned columns; call Flush at the end.
+func newTable(w io.Writer) *tabwriter.Writer { return tabwriter.NewWriter(w, 0, 0, 2, ' ', 0) }
+
+// relative says when t is, seen from now: "in 3.2s", "1m05s ago", "now".
+func relative(t, now time.Time) string {
+	d := t.Sub(now)
+	switch {
+	case d > 0:
+		return "in " + shortDuration(d)
+	case d < 0:
+		return shortDuration(-d) + " ago"
+	}
+	return "now"
+}
+
+// shortDuration prints d like the SQL explain messages do: "0.9s", "1m05s", "2h03m".
+func shortDuration(d time.Duration) string {
+	ms := d.Milliseconds()
+	switch {
+	case ms < 60_000:
+		return fmt.Sprintf("%.1fs", float64(ms)/1000)
+	case ms < 3_600_000:
+		return fmt.Sprintf("%dm%02ds", ms/60_000, ms%60_000/1000)
+	}
+	return fmt.Sprintf("%dh%02dm", ms/3_600_000, ms%3_600_000/60_000)
+}
+
+// orDash prints an optional value, or "-".
+func orDash[T any](p *T) string {
+	if p == nil {
+		return "-"
+	}
+	return fmt.Sprint(*p)
+}
+
+// jsonArg reads a JSON document given on the command line: the document itself, or @FILE. flag names it in
+// errors. The document must be valid JSON; what it means is checked by the database.
+func jsonArg(flag, value string) (json.RawMessage, error) {
+	if strings.TrimSpace(value) == "" {
+		return nil, usagef("%s: a JSON document (or @FILE) is required", flag)
+	}
+	data := []byte(value)
+	if strings.HasPrefix(value, "@") {
+		var err error
+		if data, err = os.ReadFile(value[1:]); err != nil {
+			return nil, usagef("%s: %w", flag, err)
+		}
+	}
+	if !json.Valid(data) {
+		return nil, usagef("%s: not valid JSON: %s", flag, strings.TrimSpace(string(data)))
+	}
+	return json.RawMessage(data), nil
+}
+
+// stepRef is a step named on the command line: a step id ("34"), or a task id and a step name ("12/fetch"; step
+// names are unique per task).
+type stepRef struct {
+	id     int64
+	taskID int64
+	name   string
+}
+
+// parseStepRef parses STEP_ID or TASK_ID/STEP_NAME.
+func parseStepRef(arg string) (stepRef, error) {
+	if task, name, ok := strings.Cut(arg, "/"); ok {
+		id, err := parseID("TASK_ID of TASK_ID/STEP_NAME", task)
+		if err != nil {
+			return stepRef{}, err
+		}
+		if name == "" {
+			return stepRef{}, usagef("%q: want TASK_ID/STEP_NAME, with a step name after the slash", arg)
+		}
+		return stepRef{taskID: id, name: name}, nil
+	}
+	id, err := parseID("STEP_ID", arg)
+	return stepRef{id: id}, err
+}
+
+// resolve returns the step's id, looking a TASK_ID/STEP_NAME reference up.
+func (r stepRef) resolve(ctx context.Context, q interface {
+	QueryRow(context.Context, string, ...any) pgx.Row
+},
+) (int64, error) {
+	if r.name == "" {
+		return r.id, nil
+	}
+	var id int64
+	err := q.QueryRow(ctx, `SELECT id FROM stepready.steps WHERE task_id = $1 AND name = $2`, r.taskID, r.name).Scan(&id)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return 0, fmt.Errorf("task %d has no step %q", r.taskID, r.name)
+	}
+	return id, err
+}

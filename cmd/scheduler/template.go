@@ -1,0 +1,286 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/spf13/cobra"
+
+	"github.com/stepready/stepready/internal/templates"
+)
+
+// newTemplateCommand builds `scheduler template`: apply and list task templates (SPEC §10).
+func newTemplateCommand(_ *globalOptions) *cobra.Command {
+	var o dbOptions
+	cmd := &cobra.Command{
+		Use:   "template",
+		Short: "Define task templates from YAML files and list them",
+	}
+	addDBFlags(cmd, &o)
+
+	apply := &cobra.Command{
+		Use:   "apply FILE...",
+		Short: "Store task templates from YAML files (upsert by name and version)",
+		Long: "Store task templates from YAML files: each file holds one task definition (SPEC §10) plus an optional\n" +
+			"`version` (default 1). Every file is read and checked first (malformed YAML, unknown keys with their\n" +
+			"line), then all are stored in one transaction, where the database validates each definition (names,\n" +
+			"dependencies, cycles, presets, numbers, backoff): one invalid file stores nothing. A template with the\n" +
+			"same name and version is replaced.",
+		Example: "  scheduler template apply examples/flaky.yaml\n" +
+			"  scheduler template apply templates/*.yaml --output json",
+		Args: usageArgs(cobra.MinimumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ts, err := readTemplates(args)
+			if err != nil {
+				return err
+			}
+			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
+				applied, err := templates.Apply(cmd.Context(), conn, ts)
+				if err != nil {
+					return err
+				}
+				type row struct {
+					Name    string `json:"name"`
+					Version int    `json:"version"`
+					File    string `json:"file"`
+					Created bool   `json:"created"`
+				}
+				rows := make([]row, 0, len(applied))
+				for _, a := range applied {
+					rows = append(rows, row{a.Name, a.Version, a.File, a.Created})
+				}
+				if format == outputJSON {
+					return writeJSON(cmd.OutOrStdout(), rows)
+				}
+				for _, r := range rows {
+					verb := "replaced"
+					if r.Created {
+						verb = "created"
+					}
+					fmt.Fprintf(cmd.OutOrStdout(), "template %s version %d %s (%s)\n", r.Name, r.Version, verb, r.File)
+				}
+				return nil
+			})
+		},
+	}
+
+	list := &cobra.Command{
+		Use:     "list",
+		Short:   "List the stored task templates",
+		Example: "  scheduler template list\n  scheduler template list --output json",
+		Args:    usageArgs(cobra.NoArgs),
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
+				type row struct {
+					Name      string    `json:"name"`
+					Version   int32     `json:"version"`
+					Newest    bool      `json:"newest"`
+					Steps     int32     `json:"steps"`
+					CreatedAt time.Time `json:"created_at"`
+				}
+				rows, err := conn.Query(cmd.Context(), `SELECT name, version,
+						version = max(version) OVER (PARTITION BY name), jsonb_array_length(definition -> 'steps'),
+						created_at
+					FROM stepready.task_templates ORDER BY name, version`)
+				if err != nil {
+					return err
+				}
+				out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+				if err != nil {
+					return err
+				}
+				if format == outputJSON {
+					if out == nil {
+						out = []row{}
+					}
+					return writeJSON(cmd.OutOrStdout(), out)
+				}
+				tw := newTable(cmd.OutOrStdout())
+				fmt.Fprintln(tw, "NAME\tVERSION\tSTEPS\tNEWEST")
+				for _, r := range out {
+					newest := ""
+					if r.Newest {
+						newest = "yes"
+					}
+					fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", r.Name, r.Version, r.Steps, newest)
+				}
+				return tw.Flush()
+			})
+		},
+	}
+	cmd.AddCommand(apply, list)
+	return cmd
+}
+
+// readTemplates parses every file (all of them, reporting every error) and refuses two files with the same
+// name and version.
+func readTemplates(files []string) ([]templates.Template, error) {
+	var (
+		ts   []templates.Template
+		errs []error
+	)
+	seen := map[string]string{}
+	for _, file := range files {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		t, err := templates.Parse(file, data)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		key := fmt.Sprintf("%s version %d", t.Name, t.Version)
+		if other, ok := seen[key]; ok {
+			errs = append(errs, fmt.Errorf("%s and %s both define template %s", other, file, key))
+			continue
+		}
+		seen[key] = file
+		ts = append(ts, t)
+	}
+	if len(errs) > 0 {
+		return nil, fmt.Errorf("nothing applied: %w", errors.Join(errs...))
+	}
+	return ts, nil
+}
+
+// taskCreated is what `scheduler task create` prints; its JSON form is stable.
+type taskCreated struct {
+	TaskID         int64   `json:"task_id"`
+	Created        bool    `json:"created"`
+	Template       *string `json:"template,omitempty"`
+	IdempotencyKey *string `json:"idempotency_key,omitempty"`
+	Steps          int32   `json:"steps"`
+}
+
+// newTaskCreateCommand builds `scheduler task create`.
+func newTaskCreateCommand(o *dbOptions) *cobra.Command {
+	var (
+		file, contextArg, key string
+	)
+	cmd := &cobra.Command{
+		Use:   "create TEMPLATE | -f FILE",
+		Short: "Create a task from a stored template, or from a YAML task definition",
+		Long: "Create a task from the newest version of a stored template (stepready.create_task_from_template),\n" +
+			"with --context merged over the template's context (top-level keys win); or, with -f, from a YAML file\n" +
+			"holding one task definition (stepready.create_task). With an idempotency key that already names a task,\n" +
+			"nothing is created and that task's id is printed.",
+		Example: "  scheduler task create etl --context '{\"day\": \"2030-01-01\"}'\n" +
+			"  scheduler task create etl --context @context.json --idempotency-key etl-2030-01-01\n" +
+			"  scheduler task create -f task.yaml",
+		Args: usageArgs(cobra.MaximumNArgs(1)),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			var (
+				definition json.RawMessage
+				ctxDoc     json.RawMessage
+				template   *string
+			)
+			switch {
+			case file != "" && len(args) > 0:
+				return usagef("give a TEMPLATE or -f FILE, not both")
+			case file != "":
+				if contextArg != "" {
+					return usagef("--context applies to a template; with -f, put the context in the file")
+				}
+				data, err := os.ReadFile(file)
+				if err != nil {
+					return usageError{err}
+				}
+				if definition, err = templates.ParseDefinition(file, data); err != nil {
+					return err
+				}
+				if key == "" {
+					var d struct {
+						Key *string `json:"idempotency_key"`
+					}
+					if json.Unmarshal(definition, &d) == nil && d.Key != nil {
+						key = *d.Key
+					}
+				} else {
+					var d map[string]any
+					_ = json.Unmarshal(definition, &d)
+					d["idempotency_key"] = key
+					definition, _ = json.Marshal(d)
+				}
+			case len(args) == 1:
+				template = &args[0]
+				if contextArg != "" {
+					var err error
+					if ctxDoc, err = jsonArg("--context", contextArg); err != nil {
+						return err
+					}
+				}
+			default:
+				return usagef("give a TEMPLATE name or -f FILE")
+			}
+			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
+				res := &taskCreated{Template: template, Created: true}
+				if key != "" {
+					res.IdempotencyKey = &key
+				}
+				err := pgx.BeginFunc(cmd.Context(), conn, func(tx pgx.Tx) error {
+					return createTask(cmd.Context(), tx, res, definition, ctxDoc)
+				})
+				if err != nil {
+					return err
+				}
+				if format == outputJSON {
+					return writeJSON(cmd.OutOrStdout(), res)
+				}
+				out := cmd.OutOrStdout()
+				switch {
+				case !res.Created:
+					fmt.Fprintf(out, "task %d already exists with idempotency key %q: nothing created\n", res.TaskID, key)
+				case template != nil:
+					fmt.Fprintf(out, "task %d created from template %s (%d steps)\n", res.TaskID, *template, res.Steps)
+				default:
+					fmt.Fprintf(out, "task %d created from %s (%d steps)\n", res.TaskID, file, res.Steps)
+				}
+				return nil
+			})
+		},
+	}
+	cmd.Flags().StringVarP(&file, "file", "f", "", "a YAML file holding one task definition")
+	cmd.Flags().StringVar(&contextArg, "context", "", "the task's context: a JSON object, or @FILE (with TEMPLATE)")
+	cmd.Flags().StringVar(&key, "idempotency-key", "",
+		"create the task only if no task has this key; else print the existing task's id")
+	return cmd
+}
+
+// createTask creates the task in tx and fills res.
+func createTask(ctx context.Context, tx pgx.Tx, res *taskCreated, definition, ctxDoc json.RawMessage) error {
+	if res.IdempotencyKey != nil {
+		err := tx.QueryRow(ctx, `SELECT id FROM stepready.tasks WHERE idempotency_key = $1`, *res.IdempotencyKey).
+			Scan(&res.TaskID)
+		if err == nil {
+			res.Created = false
+		} else if !errors.Is(err, pgx.ErrNoRows) {
+			return err
+		}
+	}
+	if res.Created {
+		var err error
+		if res.Template != nil {
+			var c *string
+			if ctxDoc != nil {
+				s := string(ctxDoc)
+				c = &s
+			}
+			err = tx.QueryRow(ctx, `SELECT stepready.create_task_from_template($1, $2::jsonb, $3)`,
+				*res.Template, c, res.IdempotencyKey).Scan(&res.TaskID)
+		} else {
+			err = tx.QueryRow(ctx, `SELECT stepready.create_task($1::jsonb)`, string(definition)).Scan(&res.TaskID)
+		}
+		if err != nil {
+			return err
+		}
+	}
+	return tx.QueryRow(ctx, `SELECT count(*)::int FROM stepready.steps WHERE task_id = $1`, res.TaskID).
+		Scan(&res.Steps)
+}

@@ -1,0 +1,181 @@
+-- Explain (issue 5): every reason a step is not ready, not just the first one step_readiness reports. What
+-- `scheduler explain` prints comes from here, so the words an operator reads and the rule the claimer applies
+-- cannot drift apart: the conditions are the ones of stepready._blocked_reason (050_readiness.sql), each one
+-- tested on its own instead of in a CASE.
+--
+-- Reasons and their rank (the precedence of step_readiness.blocked_reason; rows are ordered by it, so the first
+-- row of a step is always its blocked_reason):
+--   1 task_not_active           the task is not pending or in_progress
+--   2 task_paused               the task is paused
+--   3 terminal                  the step is complete, error, skipped, cancelled or resolved_manually
+--   4 in_flight                 the step is enqueued or in_progress
+--   5 waiting_for_dependencies  one row per parent that does not satisfy the dependency
+--   6 not_retryable             attempts >= 1 and the step is not retryable
+--   7 retries_exhausted         attempts >= max_attempts (and the step is retryable)
+--   8 backoff                   next_attempt_at > p_as_of
+-- Ranks 1-4 are reported for every step. Ranks 5-8 only for a step waiting to start (pending or
+-- waiting_for_retry): for a terminal or in-flight step they decide nothing (a complete step with attempts =
+-- max_attempts is not "exhausted"), and reporting them would only mislead.
+
+-- A wait in plain words: "850ms" is never shown, "0.9s", "1m05s", "2h03m".
+CREATE OR REPLACE FUNCTION stepready._explain_duration(p_ms bigint)
+RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN p_ms < 60000 THEN round(p_ms / 1000.0, 1)::text || 's'
+        WHEN p_ms < 3600000 THEN (p_ms / 60000)::text || 'm' || lpad(((p_ms % 60000) / 1000)::text, 2, '0') || 's'
+        ELSE (p_ms / 3600000)::text || 'h' || lpad(((p_ms % 3600000) / 60000)::text, 2, '0') || 'm'
+    END;
+$$;
+
+-- The reasons of the steps selected by task ids and/or step ids (NULL = no filter on that side). Parent states
+-- are read from the table, never from the filtered set, like step_readiness.
+CREATE OR REPLACE FUNCTION stepready._explain(p_task_ids bigint[], p_step_ids bigint[], p_as_of timestamptz)
+RETURNS TABLE (
+    task_id             bigint,
+    step_id             bigint,
+    step_name           text,
+    state               text,
+    rank                int,
+    reason              text,
+    message             text,
+    parent_step_id      bigint,
+    parent_name         text,
+    parent_state        text,
+    parent_attempts     int,
+    parent_max_attempts int,
+    attempts            int,
+    max_attempts        int,
+    retryable           bool,
+    next_attempt_at     timestamptz,
+    wait_ms             bigint)
+LANGUAGE sql STABLE
+AS $$
+    WITH s AS (
+        SELECT s.id, s.task_id, s.name, s.state, s.attempts, s.max_attempts, s.retryable, s.next_attempt_at,
+               t.status AS task_status, t.paused AS task_paused,
+               s.state IN ('pending', 'waiting_for_retry') AS waiting,
+               stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable) AS eligible
+          FROM stepready.steps s
+          JOIN stepready.tasks t ON t.id = s.task_id
+         WHERE (p_task_ids IS NULL OR s.task_id = ANY (p_task_ids))
+           AND (p_step_ids IS NULL OR s.id = ANY (p_step_ids))
+    ), r AS (
+        SELECT s.*, 1 AS rank, 'task_not_active' AS reason, format('task %s', s.task_status) AS message,
+               NULL::bigint AS p_id, NULL::text AS p_name, NULL::text AS p_state, NULL::int AS p_attempts,
+               NULL::int AS p_max
+          FROM s WHERE s.task_status NOT IN ('pending', 'in_progress')
+        UNION ALL
+        SELECT s.*, 2, 'task_paused', 'task paused', NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.task_paused
+        UNION ALL
+        SELECT s.*, 3, 'terminal', format('step is %s', s.state), NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE stepready._is_terminal(s.state)
+        UNION ALL
+        SELECT s.*, 4, 'in_flight',
+               format('in flight: %s, attempt %s/%s', s.state,
+                      CASE WHEN s.state = 'in_progress' THEN s.attempts ELSE s.attempts + 1 END,
+                      COALESCE(s.max_attempts, 3)),
+               NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.state IN ('enqueued', 'in_progress')
+        UNION ALL
+        SELECT s.*, 5, 'waiting_for_dependencies',
+               format('waiting for `%s` (%s, attempt %s/%s)', ps.name, ps.state, ps.attempts,
+                      COALESCE(ps.max_attempts, 3)),
+               ps.id, ps.name, ps.state, ps.attempts, ps.max_attempts
+          FROM s
+          JOIN stepready.step_edges e ON e.child_step_id = s.id
+          JOIN stepready.steps ps ON ps.id = e.parent_step_id
+         WHERE s.waiting AND NOT stepready._satisfies(ps.state)
+        UNION ALL
+        SELECT s.*, 6, 'not_retryable', 'not retryable after first attempt', NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.waiting AND NOT s.eligible AND NOT COALESCE(s.retryable, true)
+        UNION ALL
+        SELECT s.*, 7, 'retries_exhausted',
+               format('retries exhausted %s/%s', s.attempts, COALESCE(s.max_attempts, 3)),
+               NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.waiting AND NOT s.eligible AND COALESCE(s.retryable, true)
+        UNION ALL
+        SELECT s.*, 8, 'backoff',
+               format('backoff until %s (in %s)',
+                      -- The date only when it is not the day of p_as_of (session time zone).
+                      to_char(s.next_attempt_at,
+                              CASE WHEN s.next_attempt_at::date = p_as_of::date THEN 'HH24:MI:SS'
+                                   ELSE 'YYYY-MM-DD HH24:MI:SS' END),
+                      stepready._explain_duration(
+                          ceil(extract(epoch FROM s.next_attempt_at - p_as_of) * 1000)::bigint)),
+               NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.waiting AND s.next_attempt_at > p_as_of
+    )
+    SELECT r.task_id, r.id, r.name, r.state, r.rank, r.reason, r.message, r.p_id, r.p_name, r.p_state,
+           r.p_attempts, r.p_max, r.attempts, r.max_attempts, r.retryable, r.next_attempt_at,
+           CASE WHEN r.next_attempt_at > p_as_of
+                THEN ceil(extract(epoch FROM r.next_attempt_at - p_as_of) * 1000)::bigint END
+      FROM r
+     ORDER BY r.task_id, r.id, r.rank, r.p_id;
+$$;
+
+-- Every reason step p_step_id is not ready at p_as_of, one row per reason in precedence order (one row per
+-- unsatisfied parent); zero rows when it is ready. An unknown step raises P0002, like the operator functions.
+CREATE OR REPLACE FUNCTION stepready.explain_step(p_step_id bigint, p_as_of timestamptz DEFAULT now())
+RETURNS TABLE (
+    task_id             bigint,
+    step_id             bigint,
+    step_name           text,
+    state               text,
+    rank                int,
+    reason              text,
+    message             text,
+    parent_step_id      bigint,
+    parent_name         text,
+    parent_state        text,
+    parent_attempts     int,
+    parent_max_attempts int,
+    attempts            int,
+    max_attempts        int,
+    retryable           bool,
+    next_attempt_at     timestamptz,
+    wait_ms             bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM stepready.steps s WHERE s.id = p_step_id) THEN
+        RAISE EXCEPTION 'step % does not exist', p_step_id USING ERRCODE = 'P0002';
+    END IF;
+    RETURN QUERY SELECT * FROM stepready._explain(NULL, ARRAY[p_step_id], COALESCE(p_as_of, now()));
+END;
+$$;
+
+-- explain_step for every step of task p_task_id, ordered by step id then precedence; ready steps have no row.
+-- An unknown task raises P0002.
+CREATE OR REPLACE FUNCTION stepready.explain_task(p_task_id bigint, p_as_of timestamptz DEFAULT now())
+RETURNS TABLE (
+    task_id             bigint,
+    step_id             bigint,
+    step_name           text,
+    state               text,
+    rank                int,
+    reason              text,
+    message             text,
+    parent_step_id      bigint,
+    parent_name         text,
+    parent_state        text,
+    parent_attempts     int,
+    parent_max_attempts int,
+    attempts            int,
+    max_attempts        int,
+    retryable           bool,
+    next_attempt_at     timestamptz,
+    wait_ms             bigint)
+LANGUAGE plpgsql STABLE
+AS $$
+#variable_conflict use_column
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM stepready.tasks t WHERE t.id = p_task_id) THEN
+        RAISE EXCEPTION 'task % does not exist', p_task_id USING ERRCODE = 'P0002';
+    END IF;
+    RETURN QUERY SELECT * FROM stepready._explain(ARRAY[p_task_id], NULL, COALESCE(p_as_of, now()));
+END;
+$$;
