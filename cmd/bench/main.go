@@ -10,6 +10,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"slices"
+	"strings"
 
 	"github.com/stepready/stepready/internal/bench"
 )
@@ -18,7 +20,22 @@ func main() {
 	sizeName := flag.String("size", "quick", "quick or full")
 	out := flag.String("json", "bench.json", "where to write the JSON report (empty: nowhere)")
 	verbose := flag.Bool("v", false, "log progress")
+	only := flag.String("only", "", "comma-separated scenario names to run (default: all): "+
+		strings.Join(bench.ScenarioNames(), ", "))
 	flag.Parse()
+	var keep func(string) bool
+	if *only != "" {
+		names := strings.Split(*only, ",")
+		for i, n := range names {
+			names[i] = strings.TrimSpace(n)
+			if !slices.Contains(bench.ScenarioNames(), names[i]) {
+				fmt.Fprintf(os.Stderr, "bench: -only: unknown scenario %q (known: %s)\n", names[i],
+					strings.Join(bench.ScenarioNames(), ", "))
+				os.Exit(2)
+			}
+		}
+		keep = func(name string) bool { return slices.Contains(names, name) }
+	}
 	size, ok := bench.Sizes[*sizeName]
 	if !ok {
 		fmt.Fprintf(os.Stderr, "bench: unknown size %q (quick or full)\n", *sizeName)
@@ -31,7 +48,7 @@ func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	rep, err := bench.Run(ctx, size, logger)
+	rep, err := bench.RunSelected(ctx, size, logger, keep)
 	if rep != nil {
 		rep.Print(os.Stdout)
 		if *out != "" {

@@ -93,6 +93,20 @@ func (e *Env) NewDB(ctx context.Context, maxConns int) (*pgxpool.Pool, string, e
 
 // Run runs every scenario at size and returns the report.
 func Run(ctx context.Context, size Size, logger *slog.Logger) (*Report, error) {
+	return RunSelected(ctx, size, logger, nil)
+}
+
+// ScenarioNames lists the scenarios in the order Run runs them.
+func ScenarioNames() []string {
+	names := make([]string, len(scenarios))
+	for i, sc := range scenarios {
+		names[i] = sc.name
+	}
+	return names
+}
+
+// RunSelected runs the scenarios whose name keep accepts (nil: all) at size and returns the report.
+func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(name string) bool) (*Report, error) {
 	cl, err := pgcluster.StartThrowaway(ctx, pgcluster.ThrowawayOptions{Settings: pgcluster.FastSettings, Logger: logger})
 	if err != nil {
 		return nil, err
@@ -106,6 +120,9 @@ func Run(ctx context.Context, size Size, logger *slog.Logger) (*Report, error) {
 		pool.Close()
 	}
 	for _, sc := range scenarios {
+		if keep != nil && !keep(sc.name) {
+			continue
+		}
 		logger.Info("bench: scenario", slog.String("name", sc.name))
 		rows, err := sc.run(ctx, env, size)
 		if err != nil {
