@@ -20,7 +20,7 @@
 //	outcome.error.class     string  failure class ('' when ok)
 //	outcome.error.message   string  error message ('' when ok)
 //	outcome.error.code      string  SQLSTATE, HTTP status text, exit code… ('' when none)
-//	outcome.http.status     int     HTTP status of the attempt's call (0 when none)
+//	outcome.http.status     int     HTTP status of the attempt's call, failed or successful (0 when none)
 //	outcome.result          dyn     the attempt's output (JSON; null when the attempt failed)
 //	attempt                 int     1-based attempt number within the iteration
 //	iteration               int     0-based iteration of a repeating step

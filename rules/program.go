@@ -127,7 +127,9 @@ func compileExpr(env *cel.Env, i int, field string, r Rule, src string, want *ty
 type Outcome struct {
 	// Error is the attempt's classified failure; nil when the attempt succeeded (`outcome.status == 'ok'`).
 	Error *OutcomeError
-	// HTTPStatus is the HTTP status of the call the attempt made (`outcome.http.status`), 0 when none.
+	// HTTPStatus is the HTTP status of the call the attempt made (`outcome.http.status`), whether the attempt
+	// failed or succeeded; 0 when none. The executor takes it from the handler's error (steps.Error.HTTPStatus)
+	// or, on success, from an output implementing steps.OutputWithHTTPStatus.
 	HTTPStatus int
 	// Result is the attempt's output as JSON (`outcome.result`); empty means null.
 	Result json.RawMessage

@@ -13,6 +13,17 @@ import (
 	"github.com/stepready/stepready/rules"
 )
 
+// OutputWithHTTPStatus is an optional interface of a handler's output. An output that came from an HTTP
+// response implements it to report the response's status, which the outcome rules of a successful attempt see
+// as `outcome.http.status` (SPEC §8); without it a successful attempt has `outcome.http.status == 0`. A failed
+// attempt reports its status through Error.HTTPStatus instead. The `http` built-in's output implements it, so a
+// rule can tell a 202 Accepted from a 200 OK. The output is still encoded as JSON for the database and
+// `outcome.result` as usual; the method only adds the status beside it.
+type OutputWithHTTPStatus interface {
+	// HTTPStatus returns the status code of the response the output was made from.
+	HTTPStatus() int
+}
+
 func hasRules(doc json.RawMessage) bool {
 	s := string(doc)
 	return len(doc) > 0 && s != "null" && s != "[]"
@@ -41,6 +52,8 @@ func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *
 	if doc != nil {
 		outcome.Error = &rules.OutcomeError{Class: doc.Class, Message: doc.Message, Code: doc.Code}
 		outcome.HTTPStatus = doc.HTTPStatus
+	} else if s, ok := r.output.(OutputWithHTTPStatus); ok {
+		outcome.HTTPStatus = s.HTTPStatus()
 	}
 	dec, err := prog.Evaluate(ctx, outcome)
 	if err != nil {

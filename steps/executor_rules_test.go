@@ -3,12 +3,18 @@ package steps_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready/steps"
+	"github.com/stepready/stepready/steps/builtin"
 )
 
 func TestExecutorAppliesOutcomeRules(t *testing.T) {
@@ -83,6 +89,61 @@ func TestExecutorAppliesOutcomeRules(t *testing.T) {
 					WHERE id = $1`, c.StepID).Scan(&input))
 				require.JSONEq(t, `{"page": 2}`, input)
 			}
+		})
+	}
+}
+
+// statusOutput is a handler output that reports the HTTP status it came from.
+type statusOutput struct {
+	Status int `json:"status"`
+}
+
+func (o statusOutput) HTTPStatus() int { return o.Status }
+
+// A successful attempt's outcome.http.status is the status its output reports (steps.OutputWithHTTPStatus), 0
+// for an output that reports none; the builtin http handler's output reports the response's status.
+func TestExecutorRulesSeeTheHTTPStatusOfASuccess(t *testing.T) {
+	t.Parallel()
+	server := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		code, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
+		w.WriteHeader(code)
+	}))
+	t.Cleanup(server.Close)
+
+	// The rule records outcome.http.status as the next input, so the test reads exactly what the rule saw.
+	const rules = `"rules": [{"when": "outcome.status == 'ok'",
+		"then": {"do": "repeat", "next_input": "{'seen': outcome.http.status}"}}]`
+	cases := []struct {
+		name    string
+		handler string
+		input   string
+		want    int
+	}{
+		{"an output reporting 202", "reports", `{"status": 202}`, 202},
+		{"an output reporting 200", "reports", `{"status": 200}`, 200},
+		{"an output reporting nothing", "plain", `{}`, 0},
+		{"the http built-in, 202 Accepted", "http", fmt.Sprintf(`{"url": %q}`, server.URL+"/202"), 202},
+		{"the http built-in, an expected 404", "http", fmt.Sprintf(`{"url": %q, "expect": [404]}`, server.URL+"/404"), 404},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := execSetup(t)
+			b.reg.MustRegister("reports", steps.HandlerFunc(func(_ context.Context, s *steps.Step) (any, error) {
+				var out statusOutput
+				return out, s.DecodeInput(&out)
+			}))
+			b.reg.MustRegister("plain", steps.HandlerFunc(func(context.Context, *steps.Step) (any, error) {
+				return map[string]int{"status": 201}, nil
+			}))
+			require.NoError(t, builtin.Register(b.reg, builtin.Options{HTTPClient: server.Client()}))
+			c := b.claimOne(t, tc.handler, `"input": `+tc.input+`, `+rules)
+			b.exec.Run(context.Background(), c, time.Now())
+			require.Equal(t, "pending", b.row(t, c.StepID).State, "the rule repeated the step")
+			var seen int
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT (input ->> 'seen')::int
+				FROM stepready.steps WHERE id = $1`, c.StepID).Scan(&seen))
+			require.Equal(t, tc.want, seen)
 		})
 	}
 }

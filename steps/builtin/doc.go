@@ -48,6 +48,7 @@
 //	{
 //	  "method":  "POST",                         // default GET; case-insensitive
 //	  "url":     "https://api.example.com/jobs", // required; http or https
+//	  "query":   {"page": 2, "tag": ["a", "b"]}, // optional, merged into the URL's query string
 //	  "headers": {"Authorization": "Bearer …"},  // one value per header
 //	  "body":    {"name": "x"},                  // optional, see below
 //	  "expect":  [200, 201]                      // statuses that complete the step; default any 2xx
@@ -57,10 +58,16 @@
 // Content-Type: application/json unless headers set another. Redirects are followed as the client decides (the
 // default client: up to 10).
 //
+// query exists for repeating steps (pagination): a rule's next_input can change one parameter without
+// rebuilding the URL. Each key replaces every value of that parameter in url; a value is a string, a number
+// (sent as written), a boolean, a list of these (the parameter repeated) or null (the parameter removed). When
+// query is set, the query string is re-encoded with its parameters sorted by name.
+//
 // Output: {"status": 200, "headers": {"Content-Type": "…"}, "body": …}, with the first value of each response
 // header under its canonical name, and the body as the JSON value itself when the response is JSON
 // (application/json or a +json type) and parses, else as a string. A body larger than MaxHTTPBodyBytes (10 MiB)
-// fails the attempt (`permanent`) rather than being truncated.
+// fails the attempt (`permanent`) rather than being truncated. The output implements
+// steps.OutputWithHTTPStatus, so outcome rules see the status of a successful call as outcome.http.status too.
 //
 // Failures, with the status in steps.Error.HTTPStatus (outcome.http.status) and as text in Code ("503"):
 //   - 429 and 5xx: `transient`. A Retry-After header, in seconds or as an HTTP date, becomes the exact delay

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"mime"
 	"net"
@@ -35,6 +36,12 @@ type httpInput struct {
 	Method string `json:"method"`
 	// URL is the absolute http or https URL to call. Required.
 	URL string `json:"url"`
+	// Query holds query parameters merged into URL's query string, so that a repeating step (pagination) can
+	// change one parameter in its next input without rebuilding the URL. Each key replaces every value of that
+	// parameter in URL. A value is a string, a number (sent as written in the JSON), a boolean, a list of those
+	// (the parameter repeated, in order) or null (the parameter is removed). Empty or absent leaves URL as is;
+	// otherwise the resulting query string is re-encoded with its parameters sorted by name.
+	Query map[string]json.RawMessage `json:"query"`
 	// Headers are request headers, one value each.
 	Headers map[string]string `json:"headers"`
 	// Body is the request body: a JSON string is sent as is, any other JSON value is sent JSON-encoded with
@@ -54,6 +61,10 @@ type httpOutput struct {
 	// …+json) and parses, else a string.
 	Body any `json:"body"`
 }
+
+// HTTPStatus implements steps.OutputWithHTTPStatus: the outcome rules of a successful attempt see the
+// response's status as `outcome.http.status`.
+func (o httpOutput) HTTPStatus() int { return o.Status }
 
 // httpHandler is the `http` handler.
 type httpHandler struct {
@@ -136,6 +147,9 @@ func (h *httpHandler) newRequest(ctx context.Context, step *steps.Step, in *http
 	if u.Host == "" {
 		return nil, badInput(step, "url", "no host in %q", u.Redacted())
 	}
+	if err := mergeQuery(step, u, in.Query); err != nil {
+		return nil, err
+	}
 
 	for _, status := range in.Expect {
 		if status < 100 || status > 599 {
@@ -179,6 +193,89 @@ func (h *httpHandler) newRequest(ctx context.Context, step *steps.Step, in *http
 		req.Header.Set("Content-Type", "application/json")
 	}
 	return req, nil
+}
+
+// mergeQuery sets the parameters of query (httpInput.Query) in u's query string. A bad value is a permanent
+// error naming the parameter.
+func mergeQuery(step *steps.Step, u *url.URL, query map[string]json.RawMessage) error {
+	if len(query) == 0 {
+		return nil
+	}
+	q, err := url.ParseQuery(u.RawQuery)
+	if err != nil {
+		return badInput(step, "url", "query string: %v", err)
+	}
+	for _, name := range slices.Sorted(maps.Keys(query)) {
+		if name == "" {
+			return badInput(step, "query", "a parameter name is empty")
+		}
+		values, err := queryValues(query[name])
+		if err != nil {
+			return badInput(step, "query", "parameter %q: %v", name, err)
+		}
+		if len(values) == 0 {
+			q.Del(name)
+		} else {
+			q[name] = values
+		}
+	}
+	u.RawQuery = q.Encode()
+	return nil
+}
+
+// queryValues returns the values one query parameter takes from its JSON value: a scalar gives one value, a
+// list one per element, null none.
+func queryValues(raw json.RawMessage) ([]string, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, nil
+	}
+	if raw[0] != '[' {
+		v, err := queryScalar(raw)
+		if err != nil {
+			return nil, err
+		}
+		return []string{v}, nil
+	}
+	var list []json.RawMessage
+	if err := json.Unmarshal(raw, &list); err != nil {
+		return nil, err
+	}
+	values := make([]string, 0, len(list))
+	for i, e := range list {
+		v, err := queryScalar(bytes.TrimSpace(e))
+		if err != nil {
+			return nil, fmt.Errorf("element %d: %w", i, err)
+		}
+		values = append(values, v)
+	}
+	return values, nil
+}
+
+// queryScalar returns the text of one query value: a string as is, a number as written, a boolean as true or
+// false. raw is valid JSON (it was decoded as part of the input) with no surrounding space.
+func queryScalar(raw json.RawMessage) (string, error) {
+	switch {
+	case len(raw) == 0:
+		return "", errors.New("empty value")
+	case raw[0] == '"':
+		var s string
+		if err := json.Unmarshal(raw, &s); err != nil {
+			return "", err
+		}
+		return s, nil
+	case string(raw) == "true" || string(raw) == "false":
+		return string(raw), nil
+	case raw[0] == '-' || raw[0] >= '0' && raw[0] <= '9':
+		return string(raw), nil
+	case raw[0] == '{':
+		return "", errors.New("an object is not a query value (use a string, number, boolean, list or null)")
+	case raw[0] == '[':
+		return "", errors.New("a list inside a list is not a query value")
+	case string(raw) == "null":
+		return "", errors.New("null inside a list is not a query value")
+	}
+	return "", fmt.Errorf("%s is not a query value", raw)
 }
 
 // statusError classifies a response whose status is not expected: 429 and 5xx are transient and honour

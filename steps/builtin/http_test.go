@@ -82,6 +82,7 @@ func setupHTTP(t *testing.T) *httpBundle {
 			"x_test":       r.Header.Get("X-Test"),
 			"host":         r.Host,
 			"body":         string(body),
+			"query":        r.URL.RawQuery,
 		})
 	})
 
@@ -206,6 +207,72 @@ func TestHTTPRequest(t *testing.T) {
 	}
 }
 
+// The query field merges parameters into the URL's query string: a key replaces that parameter, null or an
+// empty list removes it, a list repeats it, numbers are sent as written.
+func TestHTTPQuery(t *testing.T) {
+	t.Parallel()
+	b := setupHTTP(t)
+
+	for _, tc := range []struct {
+		name, path, query string // query: the JSON of the query field, "" for none
+		want              string
+	}{
+		{name: "NoQueryKeepsTheURLAsWritten", path: "/echo?b=2&a=1", want: "b=2&a=1"},
+		{name: "EmptyQueryKeepsTheURLAsWritten", path: "/echo?b=2&a=1", query: `{}`, want: "b=2&a=1"},
+		{name: "AddsToAURLWithoutQuery", path: "/echo", query: `{"page": 2}`, want: "page=2"},
+		{name: "ReplacesAParameter", path: "/echo?page=1&per_page=10", query: `{"page": 3}`, want: "page=3&per_page=10"},
+		{name: "ReplacesEveryValueOfAParameter", path: "/echo?tag=a&tag=b", query: `{"tag": "c"}`, want: "tag=c"},
+		{name: "NumbersAsWritten", path: "/echo", query: `{"x": 1.50, "y": -3, "z": 1e3, "big": 12345678901234567890}`,
+			want: "big=12345678901234567890&x=1.50&y=-3&z=1e3"},
+		{name: "StringsAreEscaped", path: "/echo", query: `{"q": "a b&c=d", "ok": true, "no": false}`,
+			want: "no=false&ok=true&q=a+b%26c%3Dd"},
+		{name: "ListRepeatsInOrder", path: "/echo", query: `{"tag": ["z", 2, false, "a"]}`, want: "tag=z&tag=2&tag=false&tag=a"},
+		{name: "NullRemoves", path: "/echo?cursor=abc&limit=5", query: `{"cursor": null}`, want: "limit=5"},
+		{name: "EmptyListRemoves", path: "/echo?cursor=abc&limit=5", query: `{"cursor": []}`, want: "limit=5"},
+		{name: "NullOfAnAbsentParameter", path: "/echo", query: `{"cursor": null, "limit": 5}`, want: "limit=5"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			extra := ""
+			if tc.query != "" {
+				extra = `"query": ` + tc.query
+			}
+			out, err := run(context.Background(), b.handler, b.input(tc.path, extra), 1)
+			require.NoError(t, err)
+			var res struct {
+				Body map[string]string `json:"body"`
+			}
+			require.NoError(t, json.Unmarshal([]byte(out), &res))
+			require.Equal(t, tc.want, res.Body["query"])
+		})
+	}
+}
+
+// A successful response's status reaches the outcome rules through steps.OutputWithHTTPStatus.
+func TestHTTPOutputReportsItsStatus(t *testing.T) {
+	t.Parallel()
+	b := setupHTTP(t)
+
+	for _, tc := range []struct {
+		path, extra string
+		want        int
+	}{
+		{"/json", "", 200},
+		{"/201", "", 201},
+		{"/404", `"expect": [404]`, 404},
+	} {
+		t.Run(tc.path, func(t *testing.T) {
+			t.Parallel()
+			step := &steps.Step{Name: "s", Attempt: 1, Input: json.RawMessage(b.input(tc.path, tc.extra))}
+			out, err := b.handler.Handle(context.Background(), step)
+			require.NoError(t, err)
+			s, ok := out.(steps.OutputWithHTTPStatus)
+			require.True(t, ok, "the http output (%T) does not report its status", out)
+			require.Equal(t, tc.want, s.HTTPStatus())
+		})
+	}
+}
+
 func TestHTTPClassification(t *testing.T) {
 	t.Parallel()
 	b := setupHTTP(t)
@@ -304,6 +371,12 @@ func TestHTTPBadInput(t *testing.T) {
 		{"BadHeaderName", b.input("/json", `"headers": {"Bad Header": "x"}`), "headers"},
 		{"BadHeaderValue", b.input("/json", `"headers": {"X-A": "a\r\nX-B: b"}`), "headers"},
 		{"BadExpect", b.input("/json", `"expect": [42]`), "expect"},
+		{"QueryObject", b.input("/json", `"query": {"filter": {"a": 1}}`), "query"},
+		{"QueryNestedList", b.input("/json", `"query": {"tag": [["a"]]}`), "query"},
+		{"QueryNullInList", b.input("/json", `"query": {"tag": ["a", null]}`), "query"},
+		{"QueryObjectInList", b.input("/json", `"query": {"tag": [{}]}`), "query"},
+		{"QueryEmptyName", b.input("/json", `"query": {"": 1}`), "query"},
+		{"QueryOnABadURLQuery", b.input("/json?a=%zz", `"query": {"b": 1}`), "url"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
@@ -318,6 +391,7 @@ func TestHTTPBadInput(t *testing.T) {
 		{"UnknownField", b.input("/json", `"uri": "x"`), `unknown field "uri"`},
 		{"WrongType", `{"url": 5}`, "url"},
 		{"HeadersNotStrings", b.input("/json", `"headers": {"X-A": 1}`), "headers"},
+		{"QueryNotAnObject", b.input("/json", `"query": "page=2"`), "query"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
