@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivertype"
 
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/store"
@@ -126,8 +127,12 @@ func (r *River) Dispatch(ctx context.Context, limit int) (int, error) {
 			params[i] = river.InsertManyParams{Args: StepJobArgs{Step: c, ClaimedAt: now},
 				InsertOpts: &river.InsertOpts{MaxAttempts: 1, Queue: c.Queue}}
 		}
-		if _, err := r.client.InsertManyTx(ctx, tx, params); err != nil {
+		res, err := r.client.InsertManyTx(ctx, tx, params)
+		if err != nil {
 			return fmt.Errorf("readiness: insert river jobs: %w", err)
+		}
+		if err := restampJobs(ctx, tx, res); err != nil {
+			return err
 		}
 		n = len(claimed)
 		return nil
@@ -181,5 +186,22 @@ func (w *riverWorker) Work(ctx context.Context, job *river.Job[StepJobArgs]) err
 		signal(w.r.freed)
 	}()
 	w.r.cfg.Executor.Run(attemptCtx, job.Args.Step, job.Args.ClaimedAt)
+	return nil
+}
+
+// restampJobs gives the jobs just inserted the database's time as scheduled_at where River stamped a later one.
+// River's driver fills scheduled_at from this process's clock, and River only fetches a job once the database's
+// now() reaches it: were this clock ahead of the database's, each step would wait out the difference (an hour of
+// skew, an hour of waiting). Time is the database's (RELIABILITY #7), so the insert is corrected in the same
+// transaction. clock_timestamp() (not now(), the older transaction start) keeps this a no-op on agreeing clocks.
+func restampJobs(ctx context.Context, tx pgx.Tx, res []*rivertype.JobInsertResult) error {
+	ids := make([]int64, len(res))
+	for i, r := range res {
+		ids[i] = r.Job.ID
+	}
+	if _, err := tx.Exec(ctx, `UPDATE river_job SET scheduled_at = now()
+		WHERE id = ANY ($1) AND scheduled_at > clock_timestamp()`, ids); err != nil {
+		return fmt.Errorf("readiness: restamp river jobs with database time: %w", err)
+	}
 	return nil
 }

@@ -93,6 +93,9 @@ type ThrowawayOptions struct {
 	Settings []string
 	// Logger receives progress messages (nil: discarded).
 	Logger *slog.Logger
+	// Env is added to the server process's environment (NAME=value), for example to run it under libfaketime
+	// in the clock-skew tests.
+	Env []string
 }
 
 // StartThrowaway initialises a cluster in a new temporary directory with the newest local PostgreSQL binaries
@@ -147,7 +150,7 @@ func StartThrowaway(ctx context.Context, opts ThrowawayOptions) (_ *Cluster, err
 	var lastErr error
 	for range 3 {
 		c := &Cluster{Dir: dir, DataDir: dataDir, Started: true, bin: bin, cred: cred, logger: logger, logf: logf}
-		err := c.startChild(ctx, opts.Settings)
+		err := c.startChild(ctx, opts.Settings, opts.Env)
 		if err == nil {
 			logger.Debug("pgcluster: throwaway cluster running", slog.Int("port", c.Port))
 			return c, nil
@@ -170,7 +173,7 @@ func initdb(ctx context.Context, bin binDir, cred *syscall.Credential, dir, data
 }
 
 // startChild starts postgres on a free port as a child process and waits until it accepts connections.
-func (c *Cluster) startChild(ctx context.Context, settings []string) error {
+func (c *Cluster) startChild(ctx context.Context, settings, env []string) error {
 	port, err := freePort()
 	if err != nil {
 		return err
@@ -183,6 +186,9 @@ func (c *Cluster) startChild(ctx context.Context, settings []string) error {
 	}
 	cmd := exec.Command(c.bin.path("postgres"), args...)
 	cmd.Dir = c.Dir
+	if len(env) > 0 {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = c.logf, c.logf
 	cmd.SysProcAttr = &syscall.SysProcAttr{
 		Credential: c.cred,
