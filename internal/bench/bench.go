@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"sort"
 	"text/tabwriter"
@@ -16,8 +17,10 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepready/stepready"
 	"github.com/stepready/stepready/internal/pgcluster"
 	"github.com/stepready/stepready/migrations"
+	"github.com/stepready/stepready/steps"
 )
 
 // Size scales every scenario.
@@ -28,14 +31,25 @@ type Size struct {
 	ClaimSmall, ClaimLarge, ClaimReady int
 	// ReadinessTasks is how many tasks sit in the tables while step_readiness is timed.
 	ReadinessTasks int
-	// Throughput is the number of independent no-op steps worked to completion.
+	// Throughput is the number of independent no-op steps worked to completion (scenario 2).
 	Throughput int
+	// LatencyTasks is how many 4-step chains are timed one after the other (scenario 3).
+	LatencyTasks int
+	// DAGTasks is the number of diamond tasks of 4 steps worked to completion (scenario 4).
+	DAGTasks int
+	// StormSteps is the number of steps that fail twice before they succeed (scenario 5).
+	StormSteps int
+	// MemorySteps is the number of independent no-op steps the daemon child process works while its peak RSS
+	// is read (scenario 6): the workload of scenario 2a, smaller in the quick size to save time.
+	MemorySteps int
 }
 
 // Sizes are the presets of cmd/bench.
 var Sizes = map[string]Size{
-	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000, Throughput: 5_000},
-	"full":  {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000, Throughput: 50_000},
+	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000,
+		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000},
+	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
+		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000},
 }
 
 // Row is one line of the report.
@@ -142,6 +156,10 @@ var scenarios = []scenario{
 	{"claim cost", claimCost},
 	{"step_readiness", readinessLatency},
 	{"throughput", throughput},
+	{"latency", latency},
+	{"dag throughput", dagThroughput},
+	{"retry storm", retryStorm},
+	{"memory", memory},
 }
 
 // Print writes the report as a table.
@@ -179,4 +197,42 @@ func median(ds []time.Duration) time.Duration {
 	return s[len(s)/2]
 }
 
+// percentile returns the p-th percentile (0 < p <= 100) of ds by the nearest-rank method: the smallest value
+// with at least p % of the values at or below it. It returns 0 for no values.
+func percentile(ds []time.Duration, p float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	rank := int(math.Ceil(p / 100 * float64(len(s))))
+	return s[min(max(rank, 1), len(s))-1]
+}
+
+// millis converts a duration to fractional milliseconds for the report.
+func millis(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e6 }
+
 func boolp(b bool) *bool { return &b }
+
+// runClient works the steps already loaded in pool with a stepready Client (dispatch mode, the concurrency and
+// poll interval of scenario 2) until want tasks are complete. It returns the time from Start until the poll
+// (every 10 ms) saw the last completion.
+func runClient(ctx context.Context, env *Env, pool *pgxpool.Pool, reg *steps.Registry, mode string, want int) (time.Duration, error) {
+	c, err := stepready.NewClient(pool, stepready.Config{Registry: reg, Dispatch: mode, Concurrency: benchConcurrency,
+		PollInterval: time.Second, Logger: env.Logger.With("component", "client")})
+	if err != nil {
+		return 0, err
+	}
+	begin := time.Now()
+	if err := c.Start(ctx); err != nil {
+		return 0, err
+	}
+	err = waitCount(ctx, pool, `SELECT count(*) FROM stepready.tasks WHERE status = 'complete'`, want, 10*time.Minute)
+	elapsed := time.Since(begin)
+	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if stopErr := c.Stop(stopCtx); err == nil && stopErr != nil {
+		err = fmt.Errorf("stop client: %w", stopErr)
+	}
+	return elapsed, err
+}
