@@ -355,12 +355,15 @@ func TestPolicyFailureClassesAndBreaker(t *testing.T) {
 		state    string
 		attempts int
 		counts   []int // breaker_count of each failure (0: the class does not count)
+		// fingerprint, when set, is the fingerprint every failure must have.
+		fingerprint string
 	}{
 		{name: "identical message three times", script: []error{same, same, same},
 			state: "error", attempts: 3, counts: []int{1, 2, 3}},
 		{name: "messages differing only in digits and hex", script: []error{
 			quota("7f3a9c", 1204, "deadbeef"), quota("7f3a9c", 1377, "cafebabe"), quota("0b41e2", 99, "abcdefab")},
-			state: "error", attempts: 3, counts: []int{1, 2, 3}},
+			state: "error", attempts: 3, counts: []int{1, 2, 3},
+			fingerprint: "quota_exceeded:quota exceeded for key #: # of # calls today (request #)"},
 		{name: "two identical, then success", script: []error{same, same},
 			state: "complete", attempts: 3, counts: []int{1, 2}},
 		{name: "a different message resets the streak", script: []error{same, same, other, same, same, same},
@@ -397,6 +400,9 @@ func TestPolicyFailureClassesAndBreaker(t *testing.T) {
 					require.Equal(t, fingerprint, d["fingerprint"], "failure %d: the previous fingerprint", i+1)
 				case count == 1 && fingerprint != nil:
 					require.NotEqual(t, fingerprint, d["fingerprint"], "failure %d: a new fingerprint", i+1)
+				}
+				if tc.fingerprint != "" {
+					require.Equal(t, tc.fingerprint, d["fingerprint"], "failure %d", i+1)
 				}
 				fingerprint = d["fingerprint"]
 			}
