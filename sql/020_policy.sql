@@ -283,6 +283,7 @@ BEGIN
     -- Trigger-maintained columns start from known values whatever the INSERT said.
     NEW.pending_parents     := 0;
     NEW.task_held           := v_task.paused OR v_task.status NOT IN ('pending', 'in_progress');
+    NEW.task_priority       := v_task.priority;
     NEW.breaker_fingerprint := NULL;
     NEW.breaker_count       := 0;
     IF NEW.state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually') THEN

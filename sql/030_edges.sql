@@ -108,27 +108,7 @@ CREATE OR REPLACE TRIGGER step_edges_count_deleted
     REFERENCING OLD TABLE AS changed_edges
     FOR EACH STATEMENT EXECUTE FUNCTION stepready._step_edges_count();
 
--- When a parent's satisfaction changes, so does every child's count.
-CREATE OR REPLACE FUNCTION stepready._steps_propagate_to_children()
-RETURNS trigger
-LANGUAGE plpgsql
-AS $$
-BEGIN
-    IF stepready._satisfies(OLD.state) <> stepready._satisfies(NEW.state) THEN
-        -- Children are locked in id order so concurrent updates of siblings cannot deadlock.
-        UPDATE stepready.steps s
-           SET pending_parents = GREATEST(s.pending_parents + CASE WHEN stepready._satisfies(NEW.state)
-                                                                 THEN -1 ELSE 1 END, 0)
-          FROM (SELECT c.id FROM stepready.steps c
-                 WHERE c.id IN (SELECT e.child_step_id FROM stepready.step_edges e WHERE e.parent_step_id = NEW.id)
-                 ORDER BY c.id FOR UPDATE) AS ch
-         WHERE s.id = ch.id;
-    END IF;
-    RETURN NULL;
-END;
-$$;
-
-CREATE OR REPLACE TRIGGER steps_propagate_to_children
-    AFTER UPDATE OF state ON stepready.steps
-    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state)
-    EXECUTE FUNCTION stepready._steps_propagate_to_children();
+-- When a parent's satisfaction changes, so does every child's count: the statement trigger steps_after_update
+-- (sql/040_task_status.sql) applies it, once per statement. The row trigger of earlier versions goes.
+DROP TRIGGER IF EXISTS steps_propagate_to_children ON stepready.steps;
+DROP FUNCTION IF EXISTS stepready._steps_propagate_to_children();

@@ -26,20 +26,20 @@ $$;
 CREATE OR REPLACE FUNCTION stepready._task_apply(p_task_ids bigint[], p_d_total int[], p_d_unsatisfied int[],
                                                  p_d_in_error int[], p_started bool[], p_at timestamptz[])
 RETURNS void
-LANGUAGE plpgsql -- not sql: PL/pgSQL caches the plan, a SQL function would plan it on every call
+LANGUAGE plpgsql
+-- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
+-- would re-plan every statement on every call (arrays make every custom plan look cheaper).
+SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    WITH d AS (
-        SELECT u.task_id, u.d_total, u.d_unsat, u.d_err, u.started, u.at
-          FROM unnest(p_task_ids, p_d_total, p_d_unsatisfied, p_d_in_error, p_started, p_at)
-               AS u(task_id, d_total, d_unsat, d_err, started, at)
-    ), locked AS (
-        SELECT t.id FROM stepready.tasks t WHERE t.id IN (SELECT task_id FROM d) ORDER BY t.id FOR NO KEY UPDATE
-    )
+    -- Lock first, in id order, by primary key only; then one update joined to the deltas by id (each task appears
+    -- once in p_task_ids: the callers aggregate per task).
+    PERFORM 1 FROM stepready.tasks t WHERE t.id = ANY (p_task_ids) ORDER BY t.id FOR NO KEY UPDATE;
     UPDATE stepready.tasks t
        SET steps_total       = t.steps_total + d.d_total,
            steps_unsatisfied = t.steps_unsatisfied + d.d_unsat,
            steps_in_error    = t.steps_in_error + d.d_err,
+           updated_at        = now(),
            status            = stepready._derive_task_status(t.status, t.steps_total + d.d_total,
                                    t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started),
            completed_at      = CASE
@@ -47,38 +47,119 @@ BEGIN
                         t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started) = 'complete'
                THEN COALESCE(t.completed_at, d.at, now())
            END
-      FROM d JOIN locked l ON l.id = d.task_id
+      FROM unnest(p_task_ids, p_d_total, p_d_unsatisfied, p_d_in_error, p_started, p_at)
+           AS d(task_id, d_total, d_unsat, d_err, started, at)
      WHERE t.id = d.task_id;
 END;
 $$;
 
--- A state change of one step: adjust its task's counters (or, for a claim, just start a pending task).
-CREATE OR REPLACE FUNCTION stepready._steps_track_task()
+-- The row triggers of earlier versions, replaced by the statement trigger below.
+DROP TRIGGER IF EXISTS steps_track_task_update ON stepready.steps;
+DROP FUNCTION IF EXISTS stepready._steps_track_task();
+
+-- Everything that follows an UPDATE of steps, once per statement over its transition tables (a batch of N steps
+-- costs a few statements, not a few per row), in lock order: steps before tasks, ascending id within a kind.
+--   1. Children of the steps whose state crossed the satisfied boundary get the summed -1/+1 in pending_parents
+--      (locked in id order).
+--   2. Tasks of the steps whose state changed get their counter deltas and a re-derived status (_task_apply,
+--      ascending task id); a claim of a step of a pending task makes the task in_progress.
+--   3. Each task with a step that became claimable and due now is notified once (sql/045_notify.sql).
+-- The two transition tables are never joined: PL/pgSQL caches the plan made for the first (often one-row)
+-- statement, and a cached nested-loop join of them would cost O(N²) on a large batch. Each table contributes its
+-- own terms instead (new row +, old row −), summed per step: a row whose state did not change sums to zero.
+-- Every follow-up statement runs only when it has rows to change: an empty UPDATE would fire this trigger again.
+CREATE OR REPLACE FUNCTION stepready._steps_after_update()
 RETURNS trigger
 LANGUAGE plpgsql
+-- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
+-- would re-plan every statement on every call (arrays make every custom plan look cheaper).
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_d_unsat int := (NOT stepready._satisfies(NEW.state))::int - (NOT stepready._satisfies(OLD.state))::int;
-    v_d_err   int := (NEW.state = 'error')::int - (OLD.state = 'error')::int;
-    v_started bool := NEW.state IN ('enqueued', 'in_progress');
+    v_crossed   bigint[];
+    v_cross_d   int[];
+    v_tasks     bigint[];
+    v_unsat     int[];
+    v_err       int[];
+    v_started   bool[];
+    v_at        timestamptz[];
+    v_notify    bigint[];
+    v_children  bigint[];
+    v_child_d   int[];
 BEGIN
-    IF v_d_unsat = 0 AND v_d_err = 0 THEN
-        IF v_started THEN
-            -- A claim: only a pending task changes, and claim_ready_steps has normally started it already.
-            UPDATE stepready.tasks SET status = 'in_progress' WHERE id = NEW.task_id AND status = 'pending';
+    SELECT array_agg(x.id ORDER BY x.id) FILTER (WHERE x.unsat <> 0),
+           array_agg(x.unsat ORDER BY x.id) FILTER (WHERE x.unsat <> 0),
+           array_agg(x.task_id) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
+           array_agg(x.unsat) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
+           array_agg(x.err) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
+           array_agg(x.started) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
+           array_agg(x.at) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
+           array_agg(DISTINCT x.task_id) FILTER (WHERE x.claimable > 0)
+      INTO v_crossed, v_cross_d, v_tasks, v_unsat, v_err, v_started, v_at, v_notify
+      FROM (SELECT r.id, r.task_id, sum(r.unsat)::int AS unsat, sum(r.err)::int AS err,
+                   -- entered a started state (the old row is not started): a claim
+                   sum(r.started)::int > 0 AS started, max(r.at) AS at, sum(r.claimable)::int AS claimable
+              FROM (SELECT n.id, n.task_id, (NOT stepready._satisfies(n.state))::int AS unsat,
+                           (n.state = 'error')::int AS err, (n.state IN ('enqueued', 'in_progress'))::int AS started,
+                           n.completed_at AS at,
+                           stepready._claimable_now(n.state, n.pending_parents, n.task_held,
+                                                    n.next_attempt_at)::int AS claimable
+                      FROM new_rows n
+                    UNION ALL
+                    SELECT o.id, o.task_id, -(NOT stepready._satisfies(o.state))::int, -(o.state = 'error')::int,
+                           -(o.state IN ('enqueued', 'in_progress'))::int, NULL,
+                           -stepready._claimable_now(o.state, o.pending_parents, o.task_held,
+                                                     o.next_attempt_at)::int
+                      FROM old_rows o) r
+             GROUP BY r.id, r.task_id) x;
+
+    IF v_crossed IS NOT NULL THEN
+        SELECT array_agg(c.id ORDER BY c.id), array_agg(c.delta ORDER BY c.id)
+          INTO v_children, v_child_d
+          FROM (SELECT e.child_step_id AS id, sum(p.delta)::int AS delta
+                  FROM unnest(v_crossed, v_cross_d) AS p(id, delta)
+                  JOIN stepready.step_edges e ON e.parent_step_id = p.id
+                 GROUP BY e.child_step_id
+                HAVING sum(p.delta) <> 0) c;
+        IF v_children IS NOT NULL THEN
+            PERFORM 1 FROM stepready.steps c WHERE c.id = ANY (v_children) ORDER BY c.id FOR UPDATE;
+            UPDATE stepready.steps s
+               SET pending_parents = GREATEST(s.pending_parents + d.delta, 0)
+              FROM unnest(v_children, v_child_d) AS d(id, delta)
+             WHERE s.id = d.id;
         END IF;
-    ELSE
-        PERFORM stepready._task_apply(ARRAY[NEW.task_id], ARRAY[0], ARRAY[v_d_unsat], ARRAY[v_d_err],
-                                      ARRAY[v_started], ARRAY[NEW.completed_at]);
+    END IF;
+
+    IF v_tasks IS NOT NULL THEN
+        SELECT array_agg(c.task_id ORDER BY c.task_id), array_agg(c.d_unsat ORDER BY c.task_id),
+               array_agg(c.d_err ORDER BY c.task_id), array_agg(c.started ORDER BY c.task_id),
+               array_agg(c.at ORDER BY c.task_id)
+          INTO v_tasks, v_unsat, v_err, v_started, v_at
+          FROM (SELECT u.task_id, sum(u.d_unsat)::int AS d_unsat, sum(u.d_err)::int AS d_err,
+                       bool_or(u.started) AS started, max(u.at) AS at
+                  FROM unnest(v_tasks, v_unsat, v_err, v_started, v_at) AS u(task_id, d_unsat, d_err, started, at)
+                 GROUP BY u.task_id) c
+         -- A claim changes no counter: only a task still pending has something to do (status pending never
+         -- comes back once left, so a task read as started here needs no lock).
+         WHERE c.d_unsat <> 0 OR c.d_err <> 0
+            OR (c.started AND (SELECT t.status FROM stepready.tasks t WHERE t.id = c.task_id) = 'pending');
+        IF v_tasks IS NOT NULL THEN
+            PERFORM stepready._task_apply(v_tasks, array_fill(0, ARRAY[cardinality(v_tasks)]), v_unsat, v_err,
+                                          v_started, v_at);
+        END IF;
+    END IF;
+
+    IF v_notify IS NOT NULL THEN
+        PERFORM stepready._notify_ready(v_notify);
     END IF;
     RETURN NULL;
 END;
 $$;
 
-CREATE OR REPLACE TRIGGER steps_track_task_update
-    AFTER UPDATE OF state ON stepready.steps
-    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state)
-    EXECUTE FUNCTION stepready._steps_track_task();
+CREATE OR REPLACE TRIGGER steps_after_update
+    AFTER UPDATE ON stepready.steps
+    REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_after_update();
 
 -- Inserted and deleted steps are counted once per statement, so defining a task of N steps updates its row
 -- once, not N times (N updates of one row in one transaction cost O(N²)).
@@ -124,8 +205,8 @@ CREATE OR REPLACE TRIGGER steps_count_deleted
     REFERENCING OLD TABLE AS changed_rows
     FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_count_rows();
 
--- Bookkeeping on every step update: updated_at, completed_at, leases outside flight, and task_held for a step
--- that (re)enters a claimable state.
+-- Bookkeeping on every step update: updated_at, completed_at, leases outside flight, and task_held and
+-- task_priority for a step that (re)enters a claimable state.
 CREATE OR REPLACE FUNCTION stepready._steps_before_update()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -136,7 +217,8 @@ BEGIN
     END IF;
     IF NEW.state IS DISTINCT FROM OLD.state THEN
         IF NEW.state IN ('pending', 'waiting_for_retry') AND OLD.state NOT IN ('pending', 'waiting_for_retry') THEN
-            SELECT t.paused OR t.status NOT IN ('pending', 'in_progress') INTO NEW.task_held
+            SELECT t.paused OR t.status NOT IN ('pending', 'in_progress'), t.priority
+              INTO NEW.task_held, NEW.task_priority
               FROM stepready.tasks t WHERE t.id = NEW.task_id;
         END IF;
         IF stepready._is_terminal(NEW.state) THEN
@@ -171,12 +253,15 @@ BEGIN
 END;
 $$;
 
+-- The WHEN clause spares the function call when the update already set updated_at (_task_apply does).
 CREATE OR REPLACE TRIGGER tasks_before_update
     BEFORE UPDATE ON stepready.tasks
-    FOR EACH ROW EXECUTE FUNCTION stepready._tasks_before_update();
+    FOR EACH ROW WHEN (NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at)
+    EXECUTE FUNCTION stepready._tasks_before_update();
 
--- A task that stops or starts being runnable (paused, error, cancelled, complete) moves its claimable steps out
--- of or back into the claim index.
+-- A task that stops or starts being runnable (paused, error, cancelled) moves its claimable steps out of or back
+-- into the claim index. A task becoming complete has no claimable step (every step satisfies its dependents), so
+-- the WHEN clause of the trigger skips it, as it skips every update that leaves the hold unchanged.
 CREATE OR REPLACE FUNCTION stepready._tasks_propagate_hold()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -194,4 +279,26 @@ $$;
 
 CREATE OR REPLACE TRIGGER tasks_propagate_hold
     AFTER UPDATE OF status, paused ON stepready.tasks
-    FOR EACH ROW EXECUTE FUNCTION stepready._tasks_propagate_hold();
+    FOR EACH ROW
+    WHEN ((OLD.paused OR OLD.status NOT IN ('pending', 'in_progress'))
+              IS DISTINCT FROM (NEW.paused OR NEW.status NOT IN ('pending', 'in_progress'))
+          AND NEW.status <> 'complete')
+    EXECUTE FUNCTION stepready._tasks_propagate_hold();
+
+-- A task's priority is copied onto its claimable steps (steps.task_priority orders the claim index). Steps in
+-- flight or finished are left alone: a step re-entering a claimable state reads it again (_steps_before_update).
+CREATE OR REPLACE FUNCTION stepready._tasks_propagate_priority()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    UPDATE stepready.steps SET task_priority = NEW.priority
+     WHERE task_id = NEW.id AND state IN ('pending', 'waiting_for_retry') AND task_priority <> NEW.priority;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER tasks_propagate_priority
+    AFTER UPDATE OF priority ON stepready.tasks
+    FOR EACH ROW WHEN (OLD.priority IS DISTINCT FROM NEW.priority)
+    EXECUTE FUNCTION stepready._tasks_propagate_priority();

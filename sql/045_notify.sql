@@ -10,23 +10,38 @@ AS $$
        AND (p_next_attempt_at IS NULL OR p_next_attempt_at <= now());
 $$;
 
+-- Notifies each task of p_task_ids once. Called by the statement triggers of steps: steps_after_update (a step
+-- that became claimable and due now by an update) and steps_notify (inserted steps).
+CREATE OR REPLACE FUNCTION stepready._notify_ready(p_task_ids bigint[])
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM pg_notify('stepready_ready', u.task_id::text)
+       FROM (SELECT DISTINCT x AS task_id FROM unnest(p_task_ids) AS x) u;
+END;
+$$;
+
+-- Inserted steps that are claimable and due now: one notification per task per statement. (Updates are handled
+-- by steps_after_update, which compares each row with its previous version.)
 CREATE OR REPLACE FUNCTION stepready._steps_notify()
 RETURNS trigger
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_tasks bigint[];
 BEGIN
-    IF TG_OP = 'UPDATE'
-       AND stepready._claimable_now(OLD.state, OLD.pending_parents, OLD.task_held, OLD.next_attempt_at) THEN
-        RETURN NULL; -- was already claimable: whoever made it so has notified
+    SELECT array_agg(DISTINCT n.task_id) INTO v_tasks
+      FROM new_rows n
+     WHERE stepready._claimable_now(n.state, n.pending_parents, n.task_held, n.next_attempt_at);
+    IF v_tasks IS NOT NULL THEN
+        PERFORM stepready._notify_ready(v_tasks);
     END IF;
-    PERFORM pg_notify('stepready_ready', NEW.task_id::text);
     RETURN NULL;
 END;
 $$;
 
 CREATE OR REPLACE TRIGGER steps_notify
-    AFTER INSERT OR UPDATE ON stepready.steps
-    FOR EACH ROW
-    WHEN (NEW.state IN ('pending', 'waiting_for_retry') AND NEW.pending_parents = 0 AND NOT NEW.task_held
-          AND (NEW.next_attempt_at IS NULL OR NEW.next_attempt_at <= now()))
-    EXECUTE FUNCTION stepready._steps_notify();
+    AFTER INSERT ON stepready.steps
+    REFERENCING NEW TABLE AS new_rows
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_notify();

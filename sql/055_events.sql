@@ -43,3 +43,68 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- Events go with their task or step. step_events has no foreign keys (they cost two lookups and two row locks per
+-- event, for rows the inserting function holds locked anyway): these statement triggers delete the events of
+-- deleted tasks and steps, and a TRUNCATE of tasks or steps takes their events along.
+CREATE OR REPLACE FUNCTION stepready._delete_events()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        IF TG_TABLE_NAME = 'tasks' THEN
+            DELETE FROM stepready.step_events;
+        ELSE
+            DELETE FROM stepready.step_events WHERE step_id IS NOT NULL;
+        END IF;
+    ELSIF TG_TABLE_NAME = 'tasks' THEN
+        DELETE FROM stepready.step_events WHERE task_id IN (SELECT g.id FROM gone g);
+    ELSE
+        DELETE FROM stepready.step_events WHERE step_id IN (SELECT g.id FROM gone g);
+    END IF;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER tasks_delete_events
+    AFTER DELETE ON stepready.tasks
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._delete_events();
+
+CREATE OR REPLACE TRIGGER steps_delete_events
+    AFTER DELETE ON stepready.steps
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._delete_events();
+
+CREATE OR REPLACE TRIGGER tasks_truncate_events
+    AFTER TRUNCATE ON stepready.tasks
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._delete_events();
+
+CREATE OR REPLACE TRIGGER steps_truncate_events
+    AFTER TRUNCATE ON stepready.steps
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._delete_events();
+
+-- Rejects an id list with a NULL or a repeated id (the batch lifecycle functions take one entry per step).
+CREATE OR REPLACE FUNCTION stepready._check_step_ids(p_step_ids bigint[], p_name text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_dup bigint;
+BEGIN
+    IF p_step_ids IS NULL THEN
+        RAISE EXCEPTION '% must not be NULL', p_name USING ERRCODE = '22023';
+    END IF;
+    IF array_position(p_step_ids, NULL) IS NOT NULL THEN
+        RAISE EXCEPTION '% contains NULL at position %', p_name, array_position(p_step_ids, NULL)
+            USING ERRCODE = '22023';
+    END IF;
+    IF cardinality(p_step_ids) > 1 THEN
+        SELECT x INTO v_dup FROM unnest(p_step_ids) AS x GROUP BY x HAVING count(*) > 1 LIMIT 1;
+        IF FOUND THEN
+            RAISE EXCEPTION '% contains step % more than once', p_name, v_dup USING ERRCODE = '22023';
+        END IF;
+    END IF;
+END;
+$$;

@@ -1,4 +1,95 @@
 -- Claiming ready steps (SPEC §6). Safe across any number of concurrent claimers.
+
+-- Picks and locks up to p_limit ready steps, in claim order: task priority desc, step priority desc, due time
+-- (NULL first), id. Returns their ids in that order.
+--
+-- It reads steps_claim_order_idx, which holds only claimable rows (not in flight or terminal, every parent
+-- satisfied, task runnable and unpaused) keyed by (task_priority, priority, due time, id). Within one
+-- (task priority, step priority) group the due rows are one range of the index, read in order and only as far as
+-- needed; the next group is found with one index probe. The cost is that of the rows taken (plus rows locked by
+-- other claimers, skipped) and one probe per group visited, whatever the size of the table and however many
+-- rows wait on a future backoff.
+--
+-- FOR UPDATE SKIP LOCKED locks the real rows as the LIMIT takes them: a row locked by another claimer is skipped,
+-- and a row another claimer already moved on fails the re-checked WHERE clause, so concurrent claimers get
+-- disjoint sets. The whole readiness rule is checked on the locked row: task_held stands for the task's status and
+-- pause (kept in step with the task in the same transaction by triggers), and retry eligibility is tested here.
+CREATE OR REPLACE FUNCTION stepready._claim_pick(p_limit int, p_as_of timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql
+-- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
+-- would re-plan every statement on every call (arrays make every custom plan look cheaper).
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_ids  bigint[] := '{}';
+    v_tp   int;
+    v_p    int;
+BEGIN
+    SELECT s.task_priority INTO v_tp
+      FROM stepready.steps s
+     WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+     ORDER BY s.task_priority DESC
+     LIMIT 1;
+    WHILE v_tp IS NOT NULL LOOP
+        SELECT s.priority INTO v_p
+          FROM stepready.steps s
+         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+           AND s.task_priority = v_tp
+         ORDER BY s.priority DESC
+         LIMIT 1;
+        WHILE v_p IS NOT NULL LOOP
+            v_ids := v_ids || ARRAY(
+                SELECT s.id
+                  FROM stepready.steps s
+                 WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+                   AND s.task_priority = v_tp AND s.priority = v_p
+                   AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                   AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
+                 ORDER BY COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                 LIMIT p_limit - cardinality(v_ids)
+                   FOR UPDATE SKIP LOCKED);
+            IF cardinality(v_ids) >= p_limit THEN
+                RETURN v_ids;
+            END IF;
+            SELECT s.priority INTO v_p
+              FROM stepready.steps s
+             WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+               AND s.task_priority = v_tp AND s.priority < v_p
+             ORDER BY s.priority DESC
+             LIMIT 1;
+        END LOOP;
+        SELECT s.task_priority INTO v_tp
+          FROM stepready.steps s
+         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+           AND s.task_priority < v_tp
+         ORDER BY s.task_priority DESC
+         LIMIT 1;
+    END LOOP;
+    RETURN v_ids;
+END;
+$$;
+
+-- Validates the arguments shared by the claiming functions.
+CREATE OR REPLACE FUNCTION stepready._check_claim_args(p_limit int, p_worker text, p_lease_ms bigint,
+                                                       p_as_of timestamptz)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit < 0 THEN
+        RAISE EXCEPTION 'p_limit must be >= 0, got %', COALESCE(p_limit::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    PERFORM stepready._check_lease_args(p_worker, p_lease_ms);
+    IF p_as_of IS NULL THEN
+        RAISE EXCEPTION 'p_as_of must not be NULL' USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
+-- Claims up to p_limit ready steps for p_worker: they move to enqueued with a lease of p_lease_ms, each with a
+-- step.enqueued event; a pending task of a claimed step becomes in_progress (trigger steps_after_update).
+-- Returns the claimed rows in claim order.
 CREATE OR REPLACE FUNCTION stepready.claim_ready_steps(
     p_limit int, p_worker text, p_lease_ms bigint, p_as_of timestamptz DEFAULT now())
 RETURNS TABLE (
@@ -11,91 +102,118 @@ RETURNS TABLE (
     timeout_ms bigint,
     queue      text)
 LANGUAGE plpgsql
+-- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
+-- would re-plan every statement on every call (arrays make every custom plan look cheaper).
+SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_ids      bigint[];
-    v_task_ids bigint[];
+    v_ids bigint[];
 BEGIN
-    IF p_limit IS NULL OR p_limit < 0 THEN
-        RAISE EXCEPTION 'p_limit must be >= 0, got %', COALESCE(p_limit::text, 'NULL') USING ERRCODE = '22023';
-    END IF;
-    PERFORM stepready._check_lease_args(p_worker, p_lease_ms);
-    IF p_as_of IS NULL THEN
-        RAISE EXCEPTION 'p_as_of must not be NULL' USING ERRCODE = '22023';
-    END IF;
+    PERFORM stepready._check_claim_args(p_limit, p_worker, p_lease_ms, p_as_of);
     IF p_limit = 0 THEN
         RETURN;
     END IF;
-
-    -- 1. Pick and lock the steps. Reads the partial index steps_claimable_idx: only rows whose parents are all
-    --    satisfied and whose task is runnable are in it, so the work here follows the number of due candidates,
-    --    not the table size. The full readiness rule is still re-checked on the rows (task status, pause,
-    --    eligibility). FOR UPDATE OF s SKIP LOCKED locks the real step rows as they pass the LIMIT: a row locked
-    --    by another claimer is skipped, and a row another claimer already moved on fails the re-checked WHERE, so
-    --    concurrent claimers get disjoint sets.
-    SELECT COALESCE(array_agg(c.id), '{}'), COALESCE(array_agg(DISTINCT c.task_id), '{}')
-      INTO v_ids, v_task_ids
-      FROM (
-        SELECT s.id, s.task_id
-          FROM stepready.steps s
-          JOIN stepready.tasks t ON t.id = s.task_id
-         -- The candidate ids come from the partial index alone, as an array, so the planner cannot choose to
-         -- start from the tasks table and walk every step of every active task instead.
-         WHERE s.id = ANY (ARRAY(
-                   SELECT c.id FROM stepready.steps c
-                    WHERE c.state IN ('pending', 'waiting_for_retry') AND c.pending_parents = 0
-                      AND NOT c.task_held
-                      AND COALESCE(c.next_attempt_at, '-infinity'::timestamptz) <= p_as_of))
-           AND s.state IN ('pending', 'waiting_for_retry')
-           AND s.pending_parents = 0
-           AND NOT s.task_held
-           AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
-           AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
-           AND t.status IN ('pending', 'in_progress')
-           AND NOT t.paused
-         ORDER BY t.priority DESC, s.priority DESC, s.next_attempt_at ASC NULLS FIRST, s.id
-         LIMIT p_limit
-           FOR UPDATE OF s SKIP LOCKED
-      ) c;
+    v_ids := stepready._claim_pick(p_limit, p_as_of);
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
 
-    -- 2. Start the pending tasks, locking them in id order: locks are always taken steps first, then tasks in
-    --    ascending id, so concurrent claimers (and operators, which follow the same order) cannot deadlock.
-    --    NO KEY UPDATE, the lock an UPDATE of non-key columns takes anyway: FOR UPDATE would also block the
-    --    key-share locks that the step_events foreign key takes on every task of this claim.
-    UPDATE stepready.tasks t SET status = 'in_progress'
-      FROM (SELECT id FROM stepready.tasks WHERE id = ANY (v_task_ids) AND status = 'pending'
-             ORDER BY id FOR NO KEY UPDATE) p
-     WHERE t.id = p.id;
-
-    -- 3. Enqueue the steps with a lease and record it.
     RETURN QUERY
-    WITH candidates AS (
-        SELECT s.id, s.state AS from_state, t.priority AS task_priority
-          FROM stepready.steps s
-          JOIN stepready.tasks t ON t.id = s.task_id
-         WHERE s.id = ANY (v_ids)
+    WITH picked AS (
+        -- The state before the update (the rows are locked: this read is their current version).
+        SELECT s.id, s.state AS from_state, u.ord
+          FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord)
+          JOIN stepready.steps s ON s.id = u.id
     ), claimed AS (
         UPDATE stepready.steps s
            SET state = 'enqueued',
                lease_owner = p_worker,
                lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
-          FROM candidates c
-         WHERE s.id = c.id
-        RETURNING s.*, c.from_state, c.task_priority
+          FROM picked p
+         WHERE s.id = p.id
+        RETURNING s.*, p.from_state, p.ord
     ), logged AS (
         INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
                                            details, at)
         SELECT c.task_id, c.id, c.attempts, c.iteration, 'step.enqueued', c.from_state, 'enqueued',
                jsonb_build_object('worker', p_worker, 'lease_expires_at', c.lease_expires_at), p_as_of
           FROM claimed c
+         ORDER BY c.ord
     )
     SELECT c.id, c.task_id, c.name, c.handler, c.input, c.attempts, c.timeout_ms, c.queue
       FROM claimed c
-     ORDER BY c.task_priority DESC, c.priority DESC, c.next_attempt_at ASC NULLS FIRST, c.id;
+     ORDER BY c.ord;
+END;
+$$;
+
+-- Claims and starts in one statement, for a dispatcher that runs what it claims at once (direct dispatch): each
+-- step goes from its ready state through enqueued to in_progress with both events (step.enqueued, then
+-- attempt.started), exactly as claim_ready_steps followed by start_step would leave it, but with one row update.
+-- Returns the started attempts in claim order with what their handlers need: attempt is the fencing token.
+CREATE OR REPLACE FUNCTION stepready.claim_and_start_steps(
+    p_limit int, p_worker text, p_lease_ms bigint, p_as_of timestamptz DEFAULT now())
+RETURNS TABLE (
+    step_id    bigint,
+    task_id    bigint,
+    name       text,
+    handler    text,
+    input      jsonb,
+    attempt    int,
+    timeout_ms bigint,
+    queue      text,
+    iteration  int,
+    context    jsonb,
+    rules      jsonb)
+LANGUAGE plpgsql
+-- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
+-- would re-plan every statement on every call (arrays make every custom plan look cheaper).
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids bigint[];
+BEGIN
+    PERFORM stepready._check_claim_args(p_limit, p_worker, p_lease_ms, p_as_of);
+    IF p_limit = 0 THEN
+        RETURN;
+    END IF;
+    v_ids := stepready._claim_pick(p_limit, p_as_of);
+    IF cardinality(v_ids) = 0 THEN
+        RETURN;
+    END IF;
+
+    RETURN QUERY
+    WITH picked AS (
+        SELECT s.id, s.state AS from_state, u.ord
+          FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord)
+          JOIN stepready.steps s ON s.id = u.id
+    ), started AS (
+        UPDATE stepready.steps s
+           SET state = 'in_progress',
+               attempts = s.attempts + 1,
+               last_attempted_at = p_as_of,
+               lease_owner = p_worker,
+               lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
+          FROM picked p
+         WHERE s.id = p.id
+        RETURNING s.*, p.from_state, p.ord
+    ), logged AS (
+        INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                           details, at)
+        SELECT c.task_id, c.id, e.attempt, c.iteration, e.event, e.from_state, e.to_state,
+               jsonb_build_object('worker', p_worker, 'lease_expires_at', c.lease_expires_at), p_as_of
+          FROM started c
+         CROSS JOIN LATERAL (VALUES (1, 'step.enqueued', c.from_state, 'enqueued', c.attempts - 1),
+                                    (2, 'attempt.started', 'enqueued', 'in_progress', c.attempts))
+               AS e(n, event, from_state, to_state, attempt)
+         ORDER BY c.ord, e.n
+    )
+    SELECT c.id, c.task_id, c.name, c.handler, c.input, c.attempts, c.timeout_ms, c.queue, c.iteration,
+           t.context, c.rules
+      FROM started c
+      JOIN stepready.tasks t ON t.id = c.task_id
+     ORDER BY c.ord;
 END;
 $$;
 

@@ -41,44 +41,102 @@ BEGIN
 END;
 $$;
 
--- enqueued → in_progress: charges the attempt and returns its number, the fencing token every later call of
--- this attempt carries. NULL when the step is not enqueued any more (cancelled, reaped, started elsewhere) or
--- its task stopped being runnable since the claim (the step then goes back to its ready state, uncharged).
+-- enqueued → in_progress for a batch of claimed steps: charges each attempt and returns its number, the fencing
+-- token every later call of that attempt carries, with what the handler needs (iteration, input, the task's
+-- context, rules). One row per requested id (in no particular order); attempt is NULL when the step must not run:
+-- it is no longer enqueued (cancelled, reaped, started elsewhere) or does not exist, or its task stopped being
+-- runnable since the claim (the step then goes back to its ready state, uncharged, with a step.released event).
+-- Rows are locked in ascending id.
+--
+-- How the statements here are written: PL/pgSQL reuses a generic plan, made without knowing the arrays. Rows are
+-- looked up by primary key only (a state test beside the id could make the planner prefer the small partial lease
+-- index and read every leased row), tasks through a scalar subquery per row, and two sets are never joined to
+-- each other (a cached nested loop over two sets is quadratic).
+CREATE OR REPLACE FUNCTION stepready.start_steps(
+    p_step_ids bigint[], p_worker text, p_lease_ms bigint, p_as_of timestamptz DEFAULT now())
+RETURNS TABLE (step_id bigint, attempt int, iteration int, input jsonb, context jsonb, rules jsonb)
+LANGUAGE plpgsql
+-- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
+-- would re-plan every statement on every call (arrays make every custom plan look cheaper).
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_start   bigint[];
+    v_release bigint[];
+BEGIN
+    PERFORM stepready._check_lease_args(p_worker, p_lease_ms);
+    PERFORM stepready._check_step_ids(p_step_ids, 'p_step_ids');
+    SELECT array_agg(l.id ORDER BY l.id) FILTER (WHERE l.state = 'enqueued' AND l.runnable),
+           array_agg(l.id ORDER BY l.id) FILTER (WHERE l.state = 'enqueued' AND NOT l.runnable)
+      INTO v_start, v_release
+      FROM (SELECT k.id, k.state,
+                   (SELECT NOT (t.paused OR t.status NOT IN ('pending', 'in_progress'))
+                      FROM stepready.tasks t WHERE t.id = k.task_id) AS runnable
+              FROM (SELECT s.id, s.state, s.task_id FROM stepready.steps s
+                     WHERE s.id = ANY (p_step_ids)
+                     ORDER BY s.id
+                       FOR UPDATE) k) l;
+
+    IF v_release IS NOT NULL THEN
+        WITH released AS (
+            UPDATE stepready.steps s
+               SET state = stepready._ready_state(s.attempts)
+             WHERE s.id = ANY (v_release)
+            RETURNING s.id, s.task_id, s.attempts, s.iteration, s.state,
+                      (SELECT t.paused FROM stepready.tasks t WHERE t.id = s.task_id) AS paused,
+                      (SELECT t.status FROM stepready.tasks t WHERE t.id = s.task_id) AS task_status
+        )
+        INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                           details, at)
+        SELECT r.task_id, r.id, r.attempts, r.iteration, 'step.released', 'enqueued', r.state,
+               jsonb_build_object('reason', CASE WHEN r.paused THEN 'task_paused' ELSE 'task_not_active' END,
+                                  'task_status', r.task_status, 'worker', p_worker), p_as_of
+          FROM released r
+         ORDER BY r.id;
+    END IF;
+
+    IF v_start IS NOT NULL THEN
+        RETURN QUERY
+        WITH started AS (
+            UPDATE stepready.steps s
+               SET state = 'in_progress',
+                   attempts = s.attempts + 1,
+                   last_attempted_at = p_as_of,
+                   lease_owner = p_worker,
+                   lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
+             WHERE s.id = ANY (v_start)
+            RETURNING s.id, s.task_id, s.attempts, s.iteration, s.input, s.rules, s.lease_expires_at,
+                      (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id) AS context
+        ), logged AS (
+            INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                               details, at)
+            SELECT st.task_id, st.id, st.attempts, st.iteration, 'attempt.started', 'enqueued', 'in_progress',
+                   jsonb_build_object('worker', p_worker, 'lease_expires_at', st.lease_expires_at), p_as_of
+              FROM started st
+             ORDER BY st.id
+        )
+        SELECT st.id, st.attempts, st.iteration, st.input, st.context, st.rules FROM started st;
+    END IF;
+    RETURN QUERY SELECT u.id, NULL::int, NULL::int, NULL::jsonb, NULL::jsonb, NULL::jsonb
+                   FROM unnest(p_step_ids) AS u(id)
+                  WHERE NOT (u.id = ANY (COALESCE(v_start, '{}')));
+END;
+$$;
+
+-- enqueued → in_progress for one step: start_steps of a one-element batch. Returns the attempt number, or NULL
+-- when the step must not run.
 CREATE OR REPLACE FUNCTION stepready.start_step(
     p_step_id bigint, p_worker text, p_lease_ms bigint, p_as_of timestamptz DEFAULT now())
 RETURNS int
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v    stepready.steps;
-    v_to text;
-    t    stepready.tasks;
 BEGIN
-    PERFORM stepready._check_lease_args(p_worker, p_lease_ms);
-    SELECT * INTO v FROM stepready.steps WHERE id = p_step_id FOR UPDATE;
-    IF NOT FOUND OR v.state <> 'enqueued' THEN
+    IF p_step_id IS NULL THEN
+        PERFORM stepready._check_lease_args(p_worker, p_lease_ms);
         RETURN NULL;
     END IF;
-    SELECT * INTO t FROM stepready.tasks WHERE id = v.task_id;
-    IF t.paused OR t.status NOT IN ('pending', 'in_progress') THEN
-        v_to := stepready._ready_state(v.attempts);
-        UPDATE stepready.steps SET state = v_to WHERE id = v.id;
-        PERFORM stepready._log(v, 'step.released', 'enqueued', v_to,
-            jsonb_build_object('reason', CASE WHEN t.paused THEN 'task_paused' ELSE 'task_not_active' END,
-                               'task_status', t.status, 'worker', p_worker), p_as_of);
-        RETURN NULL;
-    END IF;
-    UPDATE stepready.steps
-       SET state = 'in_progress',
-           attempts = attempts + 1,
-           last_attempted_at = p_as_of,
-           lease_owner = p_worker,
-           lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
-     WHERE id = v.id
-    RETURNING * INTO v;
-    PERFORM stepready._log(v, 'attempt.started', 'enqueued', 'in_progress',
-        jsonb_build_object('worker', p_worker, 'lease_expires_at', v.lease_expires_at), p_as_of);
-    RETURN v.attempts;
+    RETURN (SELECT s.attempt FROM stepready.start_steps(ARRAY[p_step_id], p_worker, p_lease_ms, p_as_of) s);
 END;
 $$;
 
@@ -99,30 +157,71 @@ BEGIN
 END;
 $$;
 
--- in_progress → complete with the attempt's output (collected per the step's collect mode).
+-- in_progress → complete for a batch of successful attempts (parallel arrays: step, attempt, output), each output
+-- collected per the step's collect mode, each with the attempt.succeeded and step.completed events. Fenced per
+-- entry: an entry whose step is not in_progress with that attempt (or does not exist) changes nothing. One row per
+-- entry (in no particular order): completed is false for a fenced entry. Rows are locked in ascending id. A
+-- collect error (collect = merge with a non-object output) fails the whole statement. The statements are written
+-- for a generic plan, as in start_steps.
+CREATE OR REPLACE FUNCTION stepready.complete_steps(
+    p_step_ids bigint[], p_attempts int[], p_outputs jsonb[], p_as_of timestamptz DEFAULT now())
+RETURNS TABLE (step_id bigint, completed bool)
+LANGUAGE plpgsql
+-- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
+-- would re-plan every statement on every call (arrays make every custom plan look cheaper).
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ok bigint[];
+BEGIN
+    PERFORM stepready._check_step_ids(p_step_ids, 'p_step_ids');
+    IF p_attempts IS NULL OR cardinality(p_attempts) <> cardinality(p_step_ids) THEN
+        RAISE EXCEPTION 'p_attempts must have one entry per step id (%), got %', cardinality(p_step_ids),
+            COALESCE(cardinality(p_attempts)::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    IF p_outputs IS NULL OR cardinality(p_outputs) <> cardinality(p_step_ids) THEN
+        RAISE EXCEPTION 'p_outputs must have one entry per step id (%), got %', cardinality(p_step_ids),
+            COALESCE(cardinality(p_outputs)::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    PERFORM 1 FROM stepready.steps s WHERE s.id = ANY (p_step_ids) ORDER BY s.id FOR UPDATE;
+
+    WITH done AS (
+        UPDATE stepready.steps s
+           SET state = 'complete',
+               output = stepready._collect(s.collect, s.output, u.output, s.iteration, s.id),
+               completed_at = p_as_of,
+               next_attempt_at = NULL
+          FROM unnest(p_step_ids, p_attempts, p_outputs) AS u(id, attempt, output)
+         -- IS TRUE keeps the planner off the partial lease index (see start_steps): the lookup is by id.
+         WHERE s.id = u.id AND (s.state = 'in_progress' AND s.attempts = u.attempt) IS TRUE
+        RETURNING s.id, s.task_id, s.attempts, s.iteration
+    ), logged AS (
+        INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                           details, at)
+        SELECT d.task_id, d.id, d.attempts, d.iteration, e.event, 'in_progress', 'complete', '{}', p_as_of
+          FROM done d
+         CROSS JOIN (VALUES (1, 'attempt.succeeded'), (2, 'step.completed')) AS e(n, event)
+         ORDER BY d.id, e.n
+    )
+    SELECT array_agg(d.id) INTO v_ok FROM done d;
+
+    RETURN QUERY SELECT u.id, u.id = ANY (COALESCE(v_ok, '{}')) FROM unnest(p_step_ids) AS u(id);
+END;
+$$;
+
+-- in_progress → complete for one attempt: complete_steps of a one-element batch. False when fenced out.
 CREATE OR REPLACE FUNCTION stepready.complete_step(
     p_step_id bigint, p_attempt int, p_output jsonb, p_as_of timestamptz DEFAULT now())
 RETURNS bool
 LANGUAGE plpgsql
 AS $$
-DECLARE
-    v stepready.steps;
-    n stepready.steps;
 BEGIN
-    SELECT * INTO v FROM stepready.steps WHERE id = p_step_id FOR UPDATE;
-    IF NOT FOUND OR v.state <> 'in_progress' OR v.attempts IS DISTINCT FROM p_attempt THEN
+    IF p_step_id IS NULL THEN
         RETURN false;
     END IF;
-    UPDATE stepready.steps
-       SET state = 'complete',
-           output = stepready._collect(v.collect, v.output, p_output, v.iteration, v.id),
-           completed_at = p_as_of,
-           next_attempt_at = NULL
-     WHERE id = v.id
-    RETURNING * INTO n;
-    PERFORM stepready._log(v, 'attempt.succeeded', 'in_progress', 'complete', '{}', p_as_of);
-    PERFORM stepready._log(n, 'step.completed', 'in_progress', 'complete', '{}', p_as_of);
-    RETURN true;
+    RETURN (SELECT c.completed
+              FROM stepready.complete_steps(ARRAY[p_step_id], ARRAY[p_attempt], ARRAY[p_output], p_as_of) c);
 END;
 $$;
 
