@@ -171,28 +171,16 @@ func (d *daemon) status(field string) (int64, error) {
 	return kb * 1024, nil
 }
 
-// waitComplete polls until want tasks are complete, failing early if the daemon exits.
+// waitComplete waits with waitTasks until want tasks are complete, failing early if the daemon exits.
 func (d *daemon) waitComplete(ctx context.Context, pool *pgxpool.Pool, want int, limit time.Duration) error {
-	deadline := time.Now().Add(limit)
-	for {
-		var n int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks WHERE status = 'complete'`).Scan(&n); err != nil {
-			return err
-		}
-		if n >= want {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the daemon completed %d of %d tasks in %s; its output:\n%s", n, want, limit, d.stderr)
-		}
-		select {
-		case <-d.exited:
-			return fmt.Errorf("the daemon exited (%v) with %d of %d tasks complete; its output:\n%s", d.err, n, want, d.stderr)
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-time.After(10 * time.Millisecond):
-		}
+	err := waitTasks(ctx, pool, want, limit, d.exited)
+	switch {
+	case errors.Is(err, errExited):
+		return fmt.Errorf("the daemon exited (%v) before its work was done; its output:\n%s", d.err, d.stderr)
+	case err != nil:
+		return fmt.Errorf("%w; the daemon's output:\n%s", err, d.stderr)
 	}
+	return nil
 }
 
 // stop sends SIGTERM and waits for a graceful exit with status 0.
