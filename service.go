@@ -39,24 +39,43 @@ func (c *Client) Start(ctx context.Context) error {
 	exec := &steps.Executor{Pool: c.pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
 		DefaultTimeout: cfg.DefaultTimeout, Logger: log, Metrics: m}
 
+	// Successful attempts are recorded in batches (complete_steps); River's workers, which receive their steps
+	// one job at a time, also start them in batches (start_steps). The batchers stop after the dispatcher has
+	// drained, so every outcome of a worker that returned is recorded.
+	exec.Completer = steps.NewBatchCompleter(c.pool, steps.BatchMaxDefault, log)
 	svc := &service{stopped: make(chan struct{})}
 	var disp readiness.Dispatcher
 	switch cfg.Dispatch {
 	case DispatchDirect:
 		d := readiness.NewDirect(c.pool, exec, cfg.Concurrency, m)
 		disp = d
-		svc.shutdown = func(ctx context.Context) error { d.Shutdown(ctx); return nil }
+		svc.shutdown = func(ctx context.Context) error {
+			d.Shutdown(ctx)
+			exec.Completer.Stop()
+			return nil
+		}
 	default:
+		exec.Starter = steps.NewBatchStarter(c.pool, cfg.WorkerID, cfg.Lease, steps.BatchMaxDefault, log)
+		stopBatchers := func() {
+			exec.Starter.Stop()
+			exec.Completer.Stop()
+		}
 		r, err := readiness.NewRiver(readiness.RiverConfig{Pool: c.pool, Executor: exec,
 			Concurrency: cfg.Concurrency, PollOnly: cfg.PollOnly, Logger: log, Metrics: m})
 		if err != nil {
+			stopBatchers()
 			return err
 		}
 		if err := r.Start(ctx); err != nil {
+			stopBatchers()
 			return fmt.Errorf("stepready: start river: %w", err)
 		}
 		disp = r
-		svc.shutdown = r.Shutdown
+		svc.shutdown = func(ctx context.Context) error {
+			err := r.Shutdown(ctx)
+			stopBatchers()
+			return err
+		}
 	}
 
 	fetchCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
@@ -76,6 +95,10 @@ func (c *Client) Start(ctx context.Context) error {
 		run("listener", l.Run)
 	}
 	p := &readiness.Poller{DB: c.pool, Dispatcher: disp, Wake: wake, PollInterval: cfg.PollInterval, Logger: log}
+	if cfg.Dispatch == DispatchDirect {
+		// Two batches in flight: one is claimed while the other runs and is recorded.
+		p.ClaimMax = max((cfg.Concurrency+1)/2, 1)
+	}
 	run("poller", p.Run)
 	rp := &readiness.Reaper{Pool: c.pool, Interval: cfg.ReapInterval, Logger: log, Metrics: m}
 	run("reaper", rp.Run)

@@ -19,6 +19,9 @@ ALTER TABLE stepready.step_events
     ADD CONSTRAINT step_events_task_id_fkey FOREIGN KEY (task_id) REFERENCES stepready.tasks (id) ON DELETE CASCADE,
     ADD CONSTRAINT step_events_step_id_fkey FOREIGN KEY (step_id) REFERENCES stepready.steps (id) ON DELETE CASCADE;
 
+ALTER TABLE stepready.tasks RESET (fillfactor);
+CREATE INDEX IF NOT EXISTS tasks_status_idx ON stepready.tasks (status, id);
+
 DROP INDEX IF EXISTS stepready.steps_claim_order_idx;
 ALTER TABLE stepready.steps DROP COLUMN IF EXISTS task_priority;
 

@@ -12,6 +12,9 @@ import (
 	"github.com/stepready/stepready/steps"
 )
 
+// claimTimeout bounds one claim statement of the direct dispatcher.
+const claimTimeout = time.Minute
+
 // Direct runs claimed steps in this process: one goroutine per attempt, at most Concurrency at once.
 type Direct struct {
 	pool     *pgxpool.Pool
@@ -46,23 +49,30 @@ func (d *Direct) Free(context.Context) (int, error) {
 // Freed implements Dispatcher.
 func (d *Direct) Freed() <-chan struct{} { return d.freed }
 
-// Dispatch implements Dispatcher: claims, then starts one goroutine per claimed step.
+// Dispatch implements Dispatcher: claims and starts in one statement (claim_and_start_steps: the steps go to
+// goroutines of this process at once, so there is no queue to wait in between), then runs one goroutine per
+// started attempt.
 func (d *Direct) Dispatch(ctx context.Context, limit int) (int, error) {
 	begin := time.Now()
-	claimed, err := store.ClaimReadySteps(ctx, d.pool, limit, d.worker, d.lease)
+	// The claim is not interrupted by a stop that arrives while it runs: a claim cancelled as it commits would
+	// leave attempts started with no worker (the reaper would fail them as stalled). Claimed attempts always get
+	// their goroutine; a stop then drains them like any other.
+	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
+	defer cancel()
+	claimed, err := store.ClaimAndStartSteps(claimCtx, d.pool, limit, d.worker, d.lease)
 	if err != nil {
 		return 0, err
 	}
 	d.metrics.Claimed(len(claimed), time.Since(begin))
-	now := time.Now()
 	d.mu.Lock()
 	d.running += len(claimed)
 	d.mu.Unlock()
+	d.executor.Reserve(len(claimed))
 	for _, c := range claimed {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			d.executor.Run(d.work, c, now)
+			d.executor.RunStarted(d.work, c.ClaimedStep, c.Started)
 			d.mu.Lock()
 			d.running--
 			d.mu.Unlock()

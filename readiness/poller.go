@@ -23,6 +23,9 @@ type Poller struct {
 	PollInterval time.Duration
 	// Logger receives the poller's logs. Required.
 	Logger *slog.Logger
+	// ClaimMax bounds one claim below BatchMax (0: BatchMax). Claiming at most half the concurrency at a time
+	// keeps two batches in flight, so one is claimed while the other is recorded.
+	ClaimMax int
 }
 
 // Run claims until ctx is done. Errors are logged and retried at the next wake-up; a cancelled ctx returns nil.
@@ -71,6 +74,9 @@ func (p *Poller) claimAll(ctx context.Context) {
 			return
 		}
 		limit := min(free, BatchMax)
+		if p.ClaimMax > 0 {
+			limit = min(limit, p.ClaimMax)
+		}
 		n, err := p.Dispatcher.Dispatch(ctx, limit)
 		if err != nil {
 			p.logError(ctx, "readiness: claim", err)

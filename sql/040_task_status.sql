@@ -32,9 +32,9 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 BEGIN
-    -- Lock first, in id order, by primary key only; then one update joined to the deltas by id (each task appears
-    -- once in p_task_ids: the callers aggregate per task).
-    PERFORM 1 FROM stepready.tasks t WHERE t.id = ANY (p_task_ids) ORDER BY t.id FOR NO KEY UPDATE;
+    -- One update joined to the deltas by id (each task appears once in p_task_ids: the callers aggregate per
+    -- task). The deltas are sorted and drive a nested loop over the primary key (the generic plan), so the rows
+    -- are locked in ascending id as they are updated, without a separate locking pass.
     UPDATE stepready.tasks t
        SET steps_total       = t.steps_total + d.d_total,
            steps_unsatisfied = t.steps_unsatisfied + d.d_unsat,
@@ -47,8 +47,8 @@ BEGIN
                         t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started) = 'complete'
                THEN COALESCE(t.completed_at, d.at, now())
            END
-      FROM unnest(p_task_ids, p_d_total, p_d_unsatisfied, p_d_in_error, p_started, p_at)
-           AS d(task_id, d_total, d_unsat, d_err, started, at)
+      FROM (SELECT x.* FROM unnest(p_task_ids, p_d_total, p_d_unsatisfied, p_d_in_error, p_started, p_at)
+                 AS x(task_id, d_total, d_unsat, d_err, started, at) ORDER BY x.task_id) AS d
      WHERE t.id = d.task_id;
 END;
 $$;

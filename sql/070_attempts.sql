@@ -160,9 +160,10 @@ $$;
 -- in_progress → complete for a batch of successful attempts (parallel arrays: step, attempt, output), each output
 -- collected per the step's collect mode, each with the attempt.succeeded and step.completed events. Fenced per
 -- entry: an entry whose step is not in_progress with that attempt (or does not exist) changes nothing. One row per
--- entry (in no particular order): completed is false for a fenced entry. Rows are locked in ascending id. A
--- collect error (collect = merge with a non-object output) fails the whole statement. The statements are written
--- for a generic plan, as in start_steps.
+-- entry (in no particular order): completed is false for a fenced entry. Rows are locked in ascending id: the
+-- sorted entries drive a nested loop over the primary key (the generic plan), so the update takes its row locks in
+-- that order without a separate locking pass. A collect error (collect = merge with a non-object output) fails
+-- the whole statement. The statements are written for a generic plan, as in start_steps.
 CREATE OR REPLACE FUNCTION stepready.complete_steps(
     p_step_ids bigint[], p_attempts int[], p_outputs jsonb[], p_as_of timestamptz DEFAULT now())
 RETURNS TABLE (step_id bigint, completed bool)
@@ -184,15 +185,14 @@ BEGIN
         RAISE EXCEPTION 'p_outputs must have one entry per step id (%), got %', cardinality(p_step_ids),
             COALESCE(cardinality(p_outputs)::text, 'NULL') USING ERRCODE = '22023';
     END IF;
-    PERFORM 1 FROM stepready.steps s WHERE s.id = ANY (p_step_ids) ORDER BY s.id FOR UPDATE;
-
     WITH done AS (
         UPDATE stepready.steps s
            SET state = 'complete',
                output = stepready._collect(s.collect, s.output, u.output, s.iteration, s.id),
                completed_at = p_as_of,
                next_attempt_at = NULL
-          FROM unnest(p_step_ids, p_attempts, p_outputs) AS u(id, attempt, output)
+          FROM (SELECT x.id, x.attempt, x.output FROM unnest(p_step_ids, p_attempts, p_outputs) AS x(id, attempt, output)
+                 ORDER BY x.id) AS u
          -- IS TRUE keeps the planner off the partial lease index (see start_steps): the lookup is by id.
          WHERE s.id = u.id AND (s.state = 'in_progress' AND s.attempts = u.attempt) IS TRUE
         RETURNING s.id, s.task_id, s.attempts, s.iteration

@@ -53,6 +53,12 @@ type Executor struct {
 	Logger *slog.Logger
 	// Metrics records counters; nil records nothing.
 	Metrics *metrics.Metrics
+	// Starter, when set, starts the attempts of Run in batches (start_steps). Nil: one start_step per attempt.
+	Starter *BatchStarter
+	// Completer, when set, records plain successes (no outcome rules, no repetition) in batches
+	// (complete_steps). Nil: one complete_step per success. Failures, repetitions and rule decisions are always
+	// recorded one by one.
+	Completer *BatchCompleter
 }
 
 // Run executes one claimed step. ctx is the worker's context: when it is cancelled with cause ErrShutdown
@@ -60,12 +66,18 @@ type Executor struct {
 // is when the step was claimed (for the claim-to-start latency; zero to skip). Run returns when the outcome is
 // recorded; errors are logged, never returned: a worker must keep going.
 func (e *Executor) Run(ctx context.Context, c store.ClaimedStep, claimedAt time.Time) {
-	log := e.logger().With(slog.Int64("step_id", c.StepID), slog.Int64("task_id", c.TaskID),
-		slog.String("step", c.Name), slog.String("handler", c.Handler))
+	log := e.stepLogger(c)
 	// Database writes outlive the worker's context: an outcome is recorded even during shutdown.
 	dbCtx := context.WithoutCancel(ctx)
 
-	st, ok, err := store.StartStep(dbCtx, e.Pool, c.StepID, e.Worker, e.Lease)
+	var st store.Started
+	var ok bool
+	var err error
+	if e.Starter != nil {
+		st, ok, err = e.Starter.Start(dbCtx, c.StepID)
+	} else {
+		st, ok, err = store.StartStep(dbCtx, e.Pool, c.StepID, e.Worker, e.Lease)
+	}
 	if err != nil {
 		log.Error("executor: start step", slog.Any("error", err))
 		return
@@ -78,6 +90,36 @@ func (e *Executor) Run(ctx context.Context, c store.ClaimedStep, claimedAt time.
 		e.Metrics.Started(time.Since(claimedAt))
 	} else {
 		e.Metrics.Started(0)
+	}
+	e.Reserve(1)
+	e.run(ctx, log, c, st)
+}
+
+// RunStarted executes an attempt that is already started (claim_and_start_steps): the handler, then the
+// outcome, exactly as Run does after its start. Like Run it returns when the outcome is recorded. The caller has
+// counted it with Reserve.
+func (e *Executor) RunStarted(ctx context.Context, c store.ClaimedStep, st store.Started) {
+	e.Metrics.Started(0)
+	e.run(ctx, e.stepLogger(c), c, st)
+}
+
+func (e *Executor) stepLogger(c store.ClaimedStep) *slog.Logger {
+	return e.logger().With(slog.Int64("step_id", c.StepID), slog.Int64("task_id", c.TaskID),
+		slog.String("step", c.Name), slog.String("handler", c.Handler))
+}
+
+// Reserve tells the executor that n attempts already started are about to be run with RunStarted (a claimed
+// batch): the batch completer then expects their outcomes together. Call it before starting them.
+func (e *Executor) Reserve(n int) {
+	if e.Completer != nil {
+		e.Completer.Track(n)
+	}
+}
+
+func (e *Executor) run(ctx context.Context, log *slog.Logger, c store.ClaimedStep, st store.Started) {
+	dbCtx := context.WithoutCancel(ctx)
+	if e.Completer != nil {
+		defer e.Completer.Track(-1)
 	}
 	log = log.With(slog.Int("attempt", st.Attempt), slog.Int("iteration", st.Iteration))
 	log.Info("executor: attempt started")
@@ -247,7 +289,12 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 	if err != nil {
 		return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: err.Error()})
 	}
-	ok, err := store.CompleteStep(ctx, e.Pool, step.ID, step.Attempt, out)
+	var ok bool
+	if e.Completer != nil {
+		ok, err = e.Completer.Complete(ctx, step.ID, step.Attempt, out)
+	} else {
+		ok, err = store.CompleteStep(ctx, e.Pool, step.ID, step.Attempt, out)
+	}
 	if err != nil {
 		return err
 	}

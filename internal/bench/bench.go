@@ -241,17 +241,21 @@ func runClient(ctx context.Context, env *Env, pool *pgxpool.Pool, reg *steps.Reg
 // errExited is returned by waitTasks when the process doing the work exits first.
 var errExited = errors.New("the worker exited")
 
-// waitTasks polls every 10 ms until no task is pending or in progress, then checks that want tasks are complete.
-// The poll is an index probe whose cost does not grow with the number of finished tasks (a count of complete
-// tasks over tens of thousands of rows would take several milliseconds of the database's time at every poll, a
-// load on the very thing being measured). It gives up after limit, or with errExited once exited (which may be
-// nil) is closed.
+// waitTasks polls every 10 ms until no step is left to run, then checks that want tasks are complete. The poll is
+// two probes of the partial step indexes (steps in flight; claimable steps, due or waiting on a backoff), whose
+// cost does not grow with the number of finished tasks (a count of complete tasks over tens of thousands of rows
+// would take several milliseconds of the database's time at every poll, a load on the very thing being
+// measured; tasks have no status index since schema version 2). A step blocked behind an unfinished parent has a
+// claimable or running ancestor, so an empty probe means every task of the run has ended. It gives up after
+// limit, or with errExited once exited (which may be nil) is closed.
 func waitTasks(ctx context.Context, pool *pgxpool.Pool, want int, limit time.Duration, exited <-chan struct{}) error {
 	deadline := time.Now().Add(limit)
 	for {
 		var busy bool
-		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM stepready.tasks
-			WHERE status IN ('pending', 'in_progress'))`).Scan(&busy); err != nil {
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM stepready.steps
+			WHERE state IN ('enqueued', 'in_progress'))
+			OR EXISTS (SELECT 1 FROM stepready.steps
+			WHERE state IN ('pending', 'waiting_for_retry') AND pending_parents = 0 AND NOT task_held)`).Scan(&busy); err != nil {
 			return err
 		}
 		if !busy {

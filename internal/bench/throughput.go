@@ -2,11 +2,11 @@ package bench
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
@@ -32,22 +32,36 @@ func loadIndependent(ctx context.Context, pool *pgxpool.Pool, n int) error {
 	return nil
 }
 
-// waitCount polls query until it returns want.
-func waitCount(ctx context.Context, pool *pgxpool.Pool, query string, want int, limit time.Duration) error {
+// waitRiver polls every 10 ms until River has no job left to work (an index probe of river_job by state, whose
+// cost does not grow with the jobs done), then checks that want jobs completed.
+func waitRiver(ctx context.Context, pool *pgxpool.Pool, want int, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
 	for {
-		var n int
-		if err := pool.QueryRow(ctx, query).Scan(&n); err != nil {
+		var busy bool
+		if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM river_job
+			WHERE state IN ('available', 'running', 'retryable', 'scheduled', 'pending'))`).Scan(&busy); err != nil {
 			return err
 		}
-		if n >= want {
-			return nil
+		if !busy {
+			break
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("only %d of %d done after %s", n, want, limit)
+			return fmt.Errorf("river jobs still to work after %s", limit)
 		}
-		<-time.After(10 * time.Millisecond)
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(10 * time.Millisecond):
+		}
 	}
+	var done int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM river_job WHERE state = 'completed'`).Scan(&done); err != nil {
+		return err
+	}
+	if done != want {
+		return fmt.Errorf("%d river jobs completed, want %d", done, want)
+	}
+	return nil
 }
 
 func stepsPerSecond(n int, d time.Duration) float64 { return float64(n) / d.Seconds() }
@@ -64,20 +78,7 @@ func throughputClient(ctx context.Context, env *Env, n int, mode string) (float6
 	}
 	reg := steps.NewRegistry()
 	reg.MustRegister("noop", steps.HandlerFunc(func(_ context.Context, s *steps.Step) (any, error) { return s.Input, nil }))
-	c, err := stepready.NewClient(pool, stepready.Config{Registry: reg, Dispatch: mode, Concurrency: benchConcurrency,
-		PollInterval: time.Second, Logger: env.Logger.With("component", "client")})
-	if err != nil {
-		return 0, err
-	}
-	begin := time.Now()
-	if err := c.Start(ctx); err != nil {
-		return 0, err
-	}
-	err = waitCount(ctx, pool, `SELECT count(*) FROM stepready.tasks WHERE status = 'complete'`, n, 10*time.Minute)
-	elapsed := time.Since(begin)
-	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	defer cancel()
-	_ = c.Stop(stopCtx)
+	elapsed, err := runClient(ctx, env, pool, reg, mode, n)
 	return stepsPerSecond(n, elapsed), err
 }
 
@@ -120,7 +121,7 @@ func throughputRiver(ctx context.Context, env *Env, n int) (float64, error) {
 	if err := client.Start(ctx); err != nil {
 		return 0, err
 	}
-	err = waitCount(ctx, pool, `SELECT count(*) FROM river_job WHERE state = 'completed'`, n, 10*time.Minute)
+	err = waitRiver(ctx, pool, n, 10*time.Minute)
 	elapsed := time.Since(begin)
 	stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
@@ -128,10 +129,16 @@ func throughputRiver(ctx context.Context, env *Env, n int) (float64, error) {
 	return stepsPerSecond(n, elapsed), err
 }
 
-// throughputSQL is the ceiling: a tight loop calling only the SQL functions (claim a batch, start and complete
-// each step), no handler machinery.
+// rawWorkers is the number of goroutines of the raw SQL loop: enough to keep both cores of the benchmark machine
+// busy while one of them waits on a round trip.
+const rawWorkers = 4
+
+// throughputSQL is the ceiling: a tight loop calling only the SQL functions, through their best path and with no
+// handler machinery. Each of rawWorkers goroutines claims and starts a batch (claim_and_start_steps, 100) and
+// completes it (complete_steps): the same statements, fencing, events, task status and notifications the daemon's
+// direct dispatch uses, without its goroutines, heartbeats, timeouts or batching delays.
 func throughputSQL(ctx context.Context, env *Env, n int) (float64, error) {
-	pool, _, err := env.NewDB(ctx, 8)
+	pool, _, err := env.NewDB(ctx, 2*rawWorkers)
 	if err != nil {
 		return 0, err
 	}
@@ -141,36 +148,37 @@ func throughputSQL(ctx context.Context, env *Env, n int) (float64, error) {
 	}
 	begin := time.Now()
 	var wg sync.WaitGroup
-	errs := make(chan error, 4)
-	for w := range 4 {
+	errs := make(chan error, rawWorkers)
+	for w := range rawWorkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			worker := fmt.Sprintf("raw-%d", w)
 			for {
-				claimed, err := store.ClaimReadySteps(ctx, pool, 100, worker, 30*time.Second)
+				started, err := store.ClaimAndStartSteps(ctx, pool, 100, worker, 30*time.Second)
 				if err != nil {
 					errs <- err
 					return
 				}
-				if len(claimed) == 0 {
+				if len(started) == 0 {
 					return
 				}
-				batch := &pgx.Batch{}
-				for _, c := range claimed {
-					batch.Queue(`SELECT stepready.start_step($1, $2, 30000)`, c.StepID, worker)
+				ids := make([]int64, len(started))
+				attempts := make([]int, len(started))
+				outputs := make([]json.RawMessage, len(started))
+				for i, s := range started {
+					ids[i], attempts[i], outputs[i] = s.StepID, s.Started.Attempt, s.Input
 				}
-				if err := pool.SendBatch(ctx, batch).Close(); err != nil {
+				done, err := store.CompleteSteps(ctx, pool, ids, attempts, outputs)
+				if err != nil {
 					errs <- err
 					return
 				}
-				batch = &pgx.Batch{}
-				for _, c := range claimed {
-					batch.Queue(`SELECT stepready.complete_step($1, 1, '{}')`, c.StepID)
-				}
-				if err := pool.SendBatch(ctx, batch).Close(); err != nil {
-					errs <- err
-					return
+				for _, id := range ids {
+					if !done[id] {
+						errs <- fmt.Errorf("raw SQL loop: step %d was not completed", id)
+						return
+					}
 				}
 			}
 		}()

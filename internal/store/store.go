@@ -102,6 +102,88 @@ func StartStep(ctx context.Context, db DBTX, stepID int64, worker string, lease 
 	return st, true, nil
 }
 
+// ClaimedStarted is one row of stepready.claim_and_start_steps: a step claimed and started in one statement.
+type ClaimedStarted struct {
+	// ClaimedStep is the claim; its Attempts is the count before this attempt (Started.Attempt - 1).
+	ClaimedStep
+	// Started is the running attempt.
+	Started Started
+}
+
+// ClaimAndStartSteps claims up to limit ready steps for worker and starts them at once (stepready.
+// claim_and_start_steps): each returned attempt runs under a lease of lease from now.
+func ClaimAndStartSteps(ctx context.Context, db DBTX, limit int, worker string, lease time.Duration) ([]ClaimedStarted, error) {
+	rows, err := db.Query(ctx, `SELECT step_id, task_id, name, handler, input, attempt, timeout_ms, queue, iteration,
+		context, rules FROM stepready.claim_and_start_steps($1, $2, $3)`, limit, worker, ms(lease))
+	if err != nil {
+		return nil, fmt.Errorf("store: claim and start steps: %w", err)
+	}
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClaimedStarted, error) {
+		var c ClaimedStarted
+		err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, &c.Input, &c.Started.Attempt, &c.TimeoutMS,
+			&c.Queue, &c.Started.Iteration, &c.Started.Context, &c.Started.Rules)
+		c.Attempts = c.Started.Attempt - 1
+		c.Started.Input = c.Input
+		return c, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: claim and start steps: %w", err)
+	}
+	return got, nil
+}
+
+// StartSteps starts a batch of enqueued steps (stepready.start_steps). The map holds the steps that may run;
+// an id missing from it must not run (no longer enqueued, or its task stopped being runnable).
+func StartSteps(ctx context.Context, db DBTX, stepIDs []int64, worker string, lease time.Duration) (map[int64]Started, error) {
+	rows, err := db.Query(ctx, `SELECT step_id, attempt, iteration, input, context, rules
+		FROM stepready.start_steps($1, $2, $3)`, stepIDs, worker, ms(lease))
+	if err != nil {
+		return nil, fmt.Errorf("store: start %d steps: %w", len(stepIDs), err)
+	}
+	started := make(map[int64]Started, len(stepIDs))
+	var id int64
+	var attempt, iteration *int
+	var st Started
+	_, err = pgx.ForEachRow(rows, []any{&id, &attempt, &iteration, &st.Input, &st.Context, &st.Rules}, func() error {
+		if attempt != nil && iteration != nil {
+			st.Attempt, st.Iteration = *attempt, *iteration
+			started[id] = st
+		}
+		st = Started{}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("store: start %d steps: %w", len(stepIDs), err)
+	}
+	return started, nil
+}
+
+// CompleteSteps records a batch of successful attempts (stepready.complete_steps); entry i is step stepIDs[i],
+// attempt attempts[i], output outputs[i]. It returns, per step id, whether its entry was recorded (false: fenced
+// out). A collect error of one entry fails the whole call.
+func CompleteSteps(ctx context.Context, db DBTX, stepIDs []int64, attempts []int, outputs []json.RawMessage) (map[int64]bool, error) {
+	if len(attempts) != len(stepIDs) || len(outputs) != len(stepIDs) {
+		return nil, fmt.Errorf("store: complete steps: %d ids, %d attempts, %d outputs", len(stepIDs), len(attempts),
+			len(outputs))
+	}
+	docs := make([]string, len(outputs))
+	for i, o := range outputs {
+		docs[i] = string(o)
+	}
+	rows, err := db.Query(ctx, `SELECT step_id, completed FROM stepready.complete_steps($1, $2, $3::jsonb[])`,
+		stepIDs, attempts, docs)
+	if err != nil {
+		return nil, fmt.Errorf("store: complete %d steps: %w", len(stepIDs), err)
+	}
+	done := make(map[int64]bool, len(stepIDs))
+	var id int64
+	var ok bool
+	if _, err := pgx.ForEachRow(rows, []any{&id, &ok}, func() error { done[id] = ok; return nil }); err != nil {
+		return nil, fmt.Errorf("store: complete %d steps: %w", len(stepIDs), err)
+	}
+	return done, nil
+}
+
 // HeartbeatStep extends the lease of a running attempt; false when the attempt is no longer the running one.
 func HeartbeatStep(ctx context.Context, db DBTX, stepID int64, attempt int, lease time.Duration) (bool, error) {
 	var ok bool

@@ -1,0 +1,335 @@
+package steps
+
+import (
+	"context"
+	"encoding/json"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/internal/store"
+)
+
+// BatchMaxDefault is the largest batch a BatchCompleter or BatchStarter sends in one statement when none is set.
+const BatchMaxDefault = 100
+
+// batchFlushTimeout bounds one flush, retries of a lost connection included (as recordTimeout bounds one outcome).
+const batchFlushTimeout = time.Minute
+
+// batchResult is what a flush gives one request.
+type batchResult[Res any] struct {
+	res Res
+	err error
+}
+
+type batchItem[Req, Res any] struct {
+	req Req
+	out chan batchResult[Res] // buffered (1): the flusher never blocks on a caller
+}
+
+// batcher runs the requests of many goroutines together. One flusher goroutine takes the first waiting request,
+// then every other request already waiting (up to max), and runs them all with one call. Nothing waits on
+// purpose: under light load each request is flushed alone at once (no added latency); under load, the requests
+// that arrive while a flush runs go together in the next one, so the batch size follows the load.
+type batcher[Req, Res any] struct {
+	max   int
+	flush func(ctx context.Context, reqs []Req) []batchResult[Res] // one result per request, in order
+	in    chan batchItem[Req, Res]
+
+	// expected, when set, is how many requests may arrive soon (the callers that are on their way): a batch
+	// smaller than that waits for more while they keep coming, at most gap after the last one and linger in all.
+	// Unset: no waiting.
+	expected func() int
+	gap      time.Duration
+	linger   time.Duration
+
+	mu      sync.RWMutex // held for reading while sending to in, for writing to close it
+	stopped bool
+	done    chan struct{}
+}
+
+func newBatcher[Req, Res any](maxBatch int, flush func(context.Context, []Req) []batchResult[Res]) *batcher[Req, Res] {
+	if maxBatch <= 0 {
+		maxBatch = BatchMaxDefault
+	}
+	b := &batcher[Req, Res]{max: maxBatch, flush: flush, in: make(chan batchItem[Req, Res], maxBatch),
+		done: make(chan struct{})}
+	go b.run()
+	return b
+}
+
+// do runs req in the next batch and waits for its result. ok is false when the batcher is stopped: the caller
+// then does the work itself.
+func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (res Res, err error, ok bool) {
+	item := batchItem[Req, Res]{req: req, out: make(chan batchResult[Res], 1)}
+	b.mu.RLock()
+	if b.stopped {
+		b.mu.RUnlock()
+		return res, nil, false
+	}
+	select {
+	case b.in <- item:
+		b.mu.RUnlock()
+	case <-ctx.Done():
+		b.mu.RUnlock()
+		return res, ctx.Err(), true
+	}
+	// Once queued, the request is flushed whatever happens to ctx: wait for its result, so that a caller never
+	// reports an outcome as unrecorded that the batch then records.
+	r := <-item.out
+	return r.res, r.err, true
+}
+
+func (b *batcher[Req, Res]) run() {
+	defer close(b.done)
+	items := make([]batchItem[Req, Res], 0, b.max)
+	reqs := make([]Req, 0, b.max)
+	for {
+		first, open := <-b.in
+		if !open {
+			return
+		}
+		items = append(items[:0], first)
+		var deadline <-chan time.Time
+	drain:
+		for len(items) < b.max {
+			select {
+			case it, open := <-b.in:
+				if !open {
+					break drain
+				}
+				items = append(items, it)
+				continue
+			default:
+			}
+			if b.expected == nil || len(items) >= b.expected() {
+				break
+			}
+			// More requests are on their way: wait for them while they keep coming.
+			if deadline == nil {
+				deadline = time.After(b.linger)
+			}
+			pause := time.NewTimer(b.gap)
+			select {
+			case it, open := <-b.in:
+				pause.Stop()
+				if !open {
+					break drain
+				}
+				items = append(items, it)
+			case <-pause.C:
+				break drain
+			case <-deadline:
+				pause.Stop()
+				break drain
+			}
+		}
+		reqs = reqs[:0]
+		for _, it := range items {
+			reqs = append(reqs, it.req)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), batchFlushTimeout)
+		results := b.flush(ctx, reqs)
+		cancel()
+		for i, it := range items {
+			it.out <- results[i]
+		}
+	}
+}
+
+// stop flushes what is queued and ends the flusher; later requests are refused (do returns ok = false).
+func (b *batcher[Req, Res]) stop() {
+	b.mu.Lock()
+	if !b.stopped {
+		b.stopped = true
+		close(b.in)
+	}
+	b.mu.Unlock()
+	<-b.done
+}
+
+// flushEach runs one batch through all, and when that fails with an error that retrying does not cure, every
+// request on its own through one, so that a request the database refuses (a collect error, a repeated step)
+// cannot fail the others. Lost connections are retried (retryDB) in both cases.
+func flushEach[Req, Res any](ctx context.Context, reqs []Req, all func(context.Context, []Req) ([]Res, error),
+	one func(context.Context, Req) (Res, error), logger *slog.Logger, what string) []batchResult[Res] {
+	out := make([]batchResult[Res], len(reqs))
+	var res []Res
+	err := retryDB(ctx, func() (err error) {
+		res, err = all(ctx, reqs)
+		return err
+	})
+	if err == nil {
+		for i := range reqs {
+			out[i].res = res[i]
+		}
+		return out
+	}
+	if len(reqs) == 1 {
+		out[0].err = err
+		return out
+	}
+	logger.Warn("steps: batch failed; recording its entries one by one", slog.String("batch", what),
+		slog.Int("size", len(reqs)), slog.Any("error", err))
+	for i, r := range reqs {
+		out[i].err = retryDB(ctx, func() (err error) {
+			out[i].res, err = one(ctx, r)
+			return err
+		})
+	}
+	return out
+}
+
+// BatchCompleter records successful attempts in batches: each Complete joins the next call of
+// stepready.complete_steps, which fences every entry on its own exactly as complete_step does. Complete returns
+// once its entry is recorded (or refused), so a worker that returns has its outcome in the database.
+//
+// A batch is flushed as soon as it holds as many entries as there are attempts running (Track counts them), or
+// when no entry came for CompleteGap, or after CompleteLinger: a worker finishing alone is recorded at once, and
+// workers finishing together (a batch claimed together) are recorded together.
+type BatchCompleter struct {
+	pool    *pgxpool.Pool
+	logger  *slog.Logger
+	b       *batcher[completeReq, bool]
+	running atomic.Int64
+}
+
+// CompleteGap and CompleteLinger bound how long a BatchCompleter waits for the completions of other running
+// attempts before it records the ones it has: no longer than CompleteGap after the last one came, and no longer
+// than CompleteLinger in all.
+const (
+	CompleteGap    = 200 * time.Microsecond
+	CompleteLinger = 2 * time.Millisecond
+)
+
+type completeReq struct {
+	stepID  int64
+	attempt int
+	output  json.RawMessage
+}
+
+// NewBatchCompleter starts a completer on pool sending at most maxBatch entries per statement (0: BatchMaxDefault).
+// Stop it after the last Complete has returned.
+func NewBatchCompleter(pool *pgxpool.Pool, maxBatch int, logger *slog.Logger) *BatchCompleter {
+	c := &BatchCompleter{pool: pool, logger: orDiscard(logger)}
+	c.b = newBatcher(maxBatch, c.flush)
+	c.b.expected = func() int { return int(c.running.Load()) }
+	c.b.gap, c.b.linger = CompleteGap, CompleteLinger
+	return c
+}
+
+// Track counts an attempt that may complete through c: call it with +1 when the attempt starts and -1 when its
+// outcome is recorded, whatever it was.
+func (c *BatchCompleter) Track(delta int) { c.running.Add(int64(delta)) }
+
+// Complete records the successful attempt of a step with its output; false when the attempt was fenced out.
+// After Stop it records the attempt on its own (complete_step).
+func (c *BatchCompleter) Complete(ctx context.Context, stepID int64, attempt int, output json.RawMessage) (bool, error) {
+	ok, err, batched := c.b.do(ctx, completeReq{stepID: stepID, attempt: attempt, output: output})
+	if !batched {
+		return store.CompleteStep(ctx, c.pool, stepID, attempt, output)
+	}
+	return ok, err
+}
+
+// Stop records what is queued and stops batching.
+func (c *BatchCompleter) Stop() { c.b.stop() }
+
+func (c *BatchCompleter) flush(ctx context.Context, reqs []completeReq) []batchResult[bool] {
+	return flushEach(ctx, reqs, func(ctx context.Context, reqs []completeReq) ([]bool, error) {
+		ids := make([]int64, len(reqs))
+		attempts := make([]int, len(reqs))
+		outputs := make([]json.RawMessage, len(reqs))
+		for i, r := range reqs {
+			ids[i], attempts[i], outputs[i] = r.stepID, r.attempt, r.output
+		}
+		done, err := store.CompleteSteps(ctx, c.pool, ids, attempts, outputs)
+		if err != nil {
+			return nil, err
+		}
+		res := make([]bool, len(reqs))
+		for i, r := range reqs {
+			res[i] = done[r.stepID]
+		}
+		return res, nil
+	}, func(ctx context.Context, r completeReq) (bool, error) {
+		return store.CompleteStep(ctx, c.pool, r.stepID, r.attempt, r.output)
+	}, c.logger, "complete_steps")
+}
+
+// BatchStarter starts claimed steps in batches (stepready.start_steps), for workers that receive claimed steps
+// one by one (River dispatch): each Start joins the next call.
+type BatchStarter struct {
+	pool   *pgxpool.Pool
+	worker string
+	lease  time.Duration
+	logger *slog.Logger
+	b      *batcher[int64, startRes]
+}
+
+type startRes struct {
+	st store.Started
+	ok bool
+}
+
+// NewBatchStarter starts a starter on pool for worker, leasing each attempt for lease, sending at most maxBatch
+// steps per statement (0: BatchMaxDefault). Stop it after the last Start has returned.
+func NewBatchStarter(pool *pgxpool.Pool, worker string, lease time.Duration, maxBatch int, logger *slog.Logger) *BatchStarter {
+	if maxBatch <= 0 {
+		maxBatch = BatchMaxDefault
+	}
+	s := &BatchStarter{pool: pool, worker: worker, lease: lease, logger: orDiscard(logger)}
+	s.b = newBatcher(maxBatch, s.flush)
+	// River hands a fetched batch of jobs to its workers one goroutine at a time: wait for the rest of them
+	// while they keep coming (StartGap after the last one, StartLinger in all).
+	s.b.expected = func() int { return maxBatch }
+	s.b.gap, s.b.linger = StartGap, StartLinger
+	return s
+}
+
+// StartGap and StartLinger bound how long a BatchStarter waits for more steps to start before it starts the ones
+// it has: no longer than StartGap after the last one came, and no longer than StartLinger in all.
+const (
+	StartGap    = 200 * time.Microsecond
+	StartLinger = time.Millisecond
+)
+
+// Start starts the attempt of an enqueued step; ok is false when the step must not run. After Stop it starts the
+// step on its own (start_step).
+func (s *BatchStarter) Start(ctx context.Context, stepID int64) (store.Started, bool, error) {
+	r, err, batched := s.b.do(ctx, stepID)
+	if !batched {
+		return store.StartStep(ctx, s.pool, stepID, s.worker, s.lease)
+	}
+	return r.st, r.ok, err
+}
+
+// Stop starts what is queued and stops batching.
+func (s *BatchStarter) Stop() { s.b.stop() }
+
+func (s *BatchStarter) flush(ctx context.Context, ids []int64) []batchResult[startRes] {
+	return flushEach(ctx, ids, func(ctx context.Context, ids []int64) ([]startRes, error) {
+		started, err := store.StartSteps(ctx, s.pool, ids, s.worker, s.lease)
+		if err != nil {
+			return nil, err
+		}
+		res := make([]startRes, len(ids))
+		for i, id := range ids {
+			res[i].st, res[i].ok = started[id]
+		}
+		return res, nil
+	}, func(ctx context.Context, id int64) (startRes, error) {
+		st, ok, err := store.StartStep(ctx, s.pool, id, s.worker, s.lease)
+		return startRes{st: st, ok: ok}, err
+	}, s.logger, "start_steps")
+}
+
+func orDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}
