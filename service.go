@@ -39,10 +39,10 @@ func (c *Client) Start(ctx context.Context) error {
 	exec := &steps.Executor{Pool: c.pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
 		DefaultTimeout: cfg.DefaultTimeout, Logger: log, Metrics: m}
 
-	// Successful attempts are recorded in batches (complete_steps); River's workers, which receive their steps
+	// Outcomes are recorded in batches (complete_steps, fail_steps); River's workers, which receive their steps
 	// one job at a time, also start them in batches (start_steps). The batchers stop after the dispatcher has
 	// drained, so every outcome of a worker that returned is recorded.
-	exec.Completer = steps.NewBatchCompleter(c.pool, steps.BatchMaxDefault, log)
+	exec.Recorder = steps.NewBatchRecorder(c.pool, steps.BatchMaxDefault, log)
 	svc := &service{stopped: make(chan struct{})}
 	var disp readiness.Dispatcher
 	switch cfg.Dispatch {
@@ -51,14 +51,14 @@ func (c *Client) Start(ctx context.Context) error {
 		disp = d
 		svc.shutdown = func(ctx context.Context) error {
 			d.Shutdown(ctx)
-			exec.Completer.Stop()
+			exec.Recorder.Stop()
 			return nil
 		}
 	default:
 		exec.Starter = steps.NewBatchStarter(c.pool, cfg.WorkerID, cfg.Lease, steps.BatchMaxDefault, log)
 		stopBatchers := func() {
 			exec.Starter.Stop()
-			exec.Completer.Stop()
+			exec.Recorder.Stop()
 		}
 		r, err := readiness.NewRiver(readiness.RiverConfig{Pool: c.pool, Executor: exec,
 			Concurrency: cfg.Concurrency, PollOnly: cfg.PollOnly, Logger: log, Metrics: m})

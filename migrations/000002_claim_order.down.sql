@@ -10,6 +10,7 @@ DROP TRIGGER IF EXISTS tasks_propagate_priority ON stepready.tasks;
 DROP FUNCTION IF EXISTS stepready.start_steps(bigint[], text, bigint, timestamptz);
 DROP FUNCTION IF EXISTS stepready.complete_steps(bigint[], int[], jsonb[], timestamptz);
 DROP FUNCTION IF EXISTS stepready.claim_and_start_steps(int, text, bigint, timestamptz);
+DROP FUNCTION IF EXISTS stepready.fail_steps(bigint[], int[], jsonb[], timestamptz, float8[]);
 
 -- Orphans cannot exist while the delete triggers run; remove any all the same so the constraints can be added.
 DELETE FROM stepready.step_events e WHERE NOT EXISTS (SELECT 1 FROM stepready.tasks t WHERE t.id = e.task_id);

@@ -52,16 +52,17 @@ func (d *Direct) Freed() <-chan struct{} { return d.freed }
 // Dispatch implements Dispatcher: claims and starts in one statement (claim_and_start_steps: the steps go to
 // goroutines of this process at once, so there is no queue to wait in between), then runs one goroutine per
 // started attempt.
-func (d *Direct) Dispatch(ctx context.Context, limit int) (int, error) {
+func (d *Direct) Dispatch(ctx context.Context, limit int) (int, store.NextDue, error) {
 	begin := time.Now()
 	// The claim is not interrupted by a stop that arrives while it runs: a claim cancelled as it commits would
 	// leave attempts started with no worker (the reaper would fail them as stalled). Claimed attempts always get
 	// their goroutine; a stop then drains them like any other.
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 	defer cancel()
-	claimed, err := store.ClaimAndStartSteps(claimCtx, d.pool, limit, d.worker, d.lease)
+	// next_claim_at is read in the claim's round trip and transaction, before it (see Poller.claimAll).
+	claimed, due, err := store.ClaimAndStartStepsNextDue(claimCtx, d.pool, limit, d.worker, d.lease)
 	if err != nil {
-		return 0, err
+		return 0, store.NextDue{}, err
 	}
 	d.metrics.Claimed(len(claimed), time.Since(begin))
 	d.mu.Lock()
@@ -79,7 +80,7 @@ func (d *Direct) Dispatch(ctx context.Context, limit int) (int, error) {
 			signal(d.freed)
 		}()
 	}
-	return len(claimed), nil
+	return len(claimed), due, nil
 }
 
 // Shutdown waits for running attempts until ctx is done, then cancels the rest (they are released uncharged)

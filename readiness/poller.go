@@ -42,8 +42,9 @@ func (p *Poller) Run(ctx context.Context) error {
 		// is then either in the timer (future at the first) or claimed (due at the second). Armed after the
 		// claim, such a step would be neither, and would wait for the poll interval. A retry scheduled after
 		// the timer query is followed by a freed-capacity signal (this process) or its own daemon's wake-up.
-		wait := p.armTimer(ctx, due)
-		p.claimAll(ctx)
+		// The dispatchers read next_claim_at in the claim's own transaction, before the claim, so arming costs
+		// no round trip of its own when there is capacity to claim.
+		wait := p.claimAll(ctx, due)
 		p.Logger.Debug("readiness: waiting", slog.Duration("next_due_in", wait))
 		var why string
 		select {
@@ -62,41 +63,59 @@ func (p *Poller) Run(ctx context.Context) error {
 	}
 }
 
-// claimAll claims batches while there is capacity and the last batch came back full.
-func (p *Poller) claimAll(ctx context.Context) {
+// claimAll claims batches while there is capacity and the last batch came back full, and arms the timer: from
+// the first claim (which reads next_claim_at before claiming), or on its own when nothing was claimed.
+func (p *Poller) claimAll(ctx context.Context, timer *time.Timer) time.Duration {
+	armed := false
+	var wait time.Duration
 	for ctx.Err() == nil {
 		free, err := p.Dispatcher.Free(ctx)
 		if err != nil {
 			p.logError(ctx, "readiness: free capacity", err)
-			return
+			break
 		}
 		if free == 0 {
-			return
+			break
 		}
 		limit := min(free, BatchMax)
 		if p.ClaimMax > 0 {
 			limit = min(limit, p.ClaimMax)
 		}
-		n, err := p.Dispatcher.Dispatch(ctx, limit)
+		n, due, err := p.Dispatcher.Dispatch(ctx, limit)
 		if err != nil {
 			p.logError(ctx, "readiness: claim", err)
-			return
+			break
+		}
+		if !armed {
+			wait, armed = p.setTimer(timer, due), true
 		}
 		if n < limit {
-			return
+			break
 		}
 	}
+	if !armed {
+		wait = p.armTimer(ctx, timer)
+	}
+	return wait
 }
 
 // armTimer sets the timer to the earliest future next_attempt_at, measured on the database's clock, capped by
 // the poll interval.
 func (p *Poller) armTimer(ctx context.Context, t *time.Timer) time.Duration {
-	wait := p.PollInterval
-	next, dbNow, err := store.NextClaimAt(ctx, p.DB)
+	var due store.NextDue
+	var err error
+	due.At, due.DBNow, err = store.NextClaimAt(ctx, p.DB)
 	if err != nil {
 		p.logError(ctx, "readiness: next claim time", err)
-	} else if next != nil {
-		wait = min(max(next.Sub(dbNow), 0), p.PollInterval)
+	}
+	return p.setTimer(t, due)
+}
+
+// setTimer sets the timer to due (the poll interval when nothing is due), capped by the poll interval.
+func (p *Poller) setTimer(t *time.Timer, due store.NextDue) time.Duration {
+	wait := p.PollInterval
+	if due.At != nil {
+		wait = min(max(due.At.Sub(due.DBNow), 0), p.PollInterval)
 	}
 	if !t.Stop() {
 		select {

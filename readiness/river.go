@@ -112,11 +112,16 @@ func (r *River) Free(ctx context.Context) (int, error) {
 // Freed implements Dispatcher.
 func (r *River) Freed() <-chan struct{} { return r.freed }
 
-// Dispatch implements Dispatcher: claim and InsertManyTx in one transaction.
-func (r *River) Dispatch(ctx context.Context, limit int) (int, error) {
+// Dispatch implements Dispatcher: next_claim_at, claim and InsertManyTx in one transaction.
+func (r *River) Dispatch(ctx context.Context, limit int) (int, store.NextDue, error) {
 	begin := time.Now()
 	var n int
+	var due store.NextDue
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
+		var err error
+		if due.At, due.DBNow, err = store.NextClaimAt(ctx, tx); err != nil {
+			return err
+		}
 		claimed, err := store.ClaimReadySteps(ctx, tx, limit, r.cfg.Executor.Worker, r.cfg.Executor.Lease)
 		if err != nil || len(claimed) == 0 {
 			return err
@@ -138,10 +143,10 @@ func (r *River) Dispatch(ctx context.Context, limit int) (int, error) {
 		return nil
 	})
 	if err != nil {
-		return 0, err
+		return 0, store.NextDue{}, err
 	}
 	r.cfg.Metrics.Claimed(n, time.Since(begin))
-	return n, nil
+	return n, due, nil
 }
 
 // Shutdown stops River's fetching and lets running attempts finish until ctx is done; then it cancels them

@@ -34,112 +34,155 @@ BEGIN
 END;
 $$;
 
--- Records a failure of the running attempt of step p_step (locked by the caller, state in_progress) and decides
--- what happens next, in this order: not retryable (class, error or step says so) → error; circuit breaker →
--- error; retries exhausted → error; else waiting_for_retry after the Retry-After delay or the jittered backoff.
--- On error, on_exhausted applies (fail_task | skip | skip_cascade). p_error must have passed _check_error.
+-- Records failures of running attempts (steps locked by the caller, each in_progress; entry i is step
+-- p_step_ids[i] with error p_errors[i], already through _check_error, and jitter sample p_samples[i]) and decides
+-- what happens next to each, in this order: not retryable (class, error or step says so) → error; circuit
+-- breaker → error; retries exhausted → error; else waiting_for_retry after the Retry-After delay or the jittered
+-- backoff. On error, on_exhausted applies (fail_task | skip | skip_cascade). Set-based: one update and one insert
+-- of events for the whole batch; skip_cascade then skips descendants step by step. Rows come back in no
+-- particular order.
+CREATE OR REPLACE FUNCTION stepready._apply_failures(p_step_ids bigint[], p_errors jsonb[], p_as_of timestamptz,
+                                                     p_samples float8[])
+RETURNS TABLE (step_id bigint, state text, next_attempt_at timestamptz, reason text)
+LANGUAGE plpgsql
+-- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
+-- would re-plan every statement on every call (arrays make every custom plan look cheaper).
+SET plan_cache_mode = force_generic_plan
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_ids     bigint[];
+    v_states  text[];
+    v_next    timestamptz[];
+    v_reasons text[];
+    v_cascade bigint[];
+    v_names   text[];
+    i         int;
+BEGIN
+    WITH input AS (
+        SELECT u.id, u.err, COALESCE(u.err -> 'retry', '{}'::jsonb) AS o, u.err ->> 'class' AS cls, u.sample,
+               COALESCE(jsonb_typeof(u.err -> 'retry_after_ms') = 'number', false) AS has_ra
+          FROM unnest(p_step_ids, p_errors, p_samples) AS u(id, err, sample)
+    ), facts AS (
+        SELECT i.*, s.task_id, s.name, s.attempts, s.iteration, s.retryable AS s_retryable, s.max_attempts AS s_max,
+               s.backoff, s.base_delay_ms, s.multiplier, s.max_delay_ms, s.jitter, s.breaker_limit,
+               s.breaker_fingerprint AS s_fp, s.breaker_count AS s_count, s.on_exhausted,
+               -- an unknown class is recorded as given and treated as transient
+               COALESCE((SELECT fc.retryable FROM stepready.failure_classes fc WHERE fc.name = i.cls), true) AS c_retryable,
+               COALESCE((SELECT fc.breaker FROM stepready.failure_classes fc WHERE fc.name = i.cls), false) AS c_breaker
+          FROM input i
+          JOIN stepready.steps s ON s.id = i.id
+    ), streak AS (
+        SELECT f.*, CASE WHEN f.c_breaker THEN stepready._failure_fingerprint(f.cls, f.err ->> 'message') END AS fp
+          FROM facts f
+    ), decided AS (
+        SELECT f.*, CASE WHEN f.fp IS NULL THEN 0 WHEN f.fp = f.s_fp THEN f.s_count + 1 ELSE 1 END AS streak_count
+          FROM streak f
+    ), reasoned AS (
+        SELECT d.*,
+               CASE
+                   WHEN NOT d.c_retryable OR (d.err -> 'retryable') = 'false'::jsonb
+                        OR (NOT COALESCE(d.s_retryable, true) AND d.attempts >= 1) THEN 'not_retryable'
+                   WHEN d.c_breaker AND d.breaker_limit > 0 AND d.streak_count >= d.breaker_limit THEN 'circuit_open'
+                   WHEN NOT stepready.retry_eligible(d.attempts,
+                            COALESCE((d.o ->> 'max_attempts')::numeric::int, d.s_max), d.s_retryable)
+                       THEN 'retries_exhausted'
+               END AS why
+          FROM decided d
+    ), based AS (
+        SELECT r.*,
+               CASE WHEN r.why IS NULL AND NOT r.has_ra THEN
+                   stepready.backoff_delay_ms(COALESCE(r.o ->> 'backoff', r.backoff), r.attempts,
+                       COALESCE((r.o ->> 'base_delay_ms')::numeric::bigint, r.base_delay_ms),
+                       COALESCE((r.o ->> 'multiplier')::float8, r.multiplier),
+                       CASE WHEN r.o ? 'max_delay_ms' THEN (r.o ->> 'max_delay_ms')::numeric::bigint
+                            ELSE r.max_delay_ms END)
+               END AS base,
+               COALESCE((r.o ->> 'jitter')::float8, r.jitter) AS jit
+          FROM reasoned r
+    ), delayed AS (
+        SELECT b.*,
+               CASE WHEN b.why IS NOT NULL THEN NULL
+                    -- A delay requested by the handler or the server is used exactly: no jitter, no cap.
+                    WHEN b.has_ra THEN trunc((b.err ->> 'retry_after_ms')::numeric)::bigint
+                    ELSE stepready._jittered_delay_ms(b.base, b.jit, b.sample) END AS delay
+          FROM based b
+    ), final AS (
+        SELECT d.*,
+               CASE WHEN d.why IS NOT NULL THEN CASE d.on_exhausted WHEN 'fail_task' THEN 'error' ELSE 'skipped' END
+                    ELSE 'waiting_for_retry' END AS new_state,
+               -- Clamp so a huge Retry-After cannot overflow the timestamp (LEAST ignores a NULL: test it first).
+               CASE WHEN d.delay IS NOT NULL
+                    THEN p_as_of + LEAST(d.delay, 315360000000000) * interval '1 millisecond' END AS next_at
+          FROM delayed d
+    ), detailed AS (
+        SELECT f.*,
+               jsonb_build_object('error', f.err, 'class', f.cls)
+               || CASE WHEN f.fp IS NOT NULL THEN jsonb_build_object('fingerprint', f.fp, 'breaker_count', f.streak_count)
+                       ELSE '{}'::jsonb END
+               || CASE WHEN f.why IS NOT NULL THEN jsonb_build_object('reason', f.why, 'on_exhausted', f.on_exhausted)
+                       WHEN f.has_ra THEN jsonb_build_object('delay_ms', f.delay, 'retry_after_ms', f.delay)
+                       ELSE jsonb_build_object('delay_ms', f.delay, 'backoff_delay_ms', f.base, 'jitter', f.jit,
+                                               'jitter_sample', f.sample) END
+               || CASE WHEN f.why IS NULL AND f.o <> '{}'::jsonb THEN jsonb_build_object('overrides', f.o)
+                       ELSE '{}'::jsonb END
+               || CASE WHEN f.why IS NULL THEN jsonb_build_object('next_attempt_at', f.next_at) ELSE '{}'::jsonb END
+               AS details
+          FROM final f
+    ), updated AS (
+        UPDATE stepready.steps s
+           SET state = x.new_state,
+               next_attempt_at = x.next_at,
+               -- A retry granted only by a max_attempts override must really run: raise the stored budget just
+               -- enough for it (as retry_step_now does), so readiness and the claim agree with the decision.
+               max_attempts = CASE WHEN x.why IS NULL
+                                        AND NOT stepready.retry_eligible(x.attempts, s.max_attempts, x.s_retryable)
+                                   THEN x.attempts + 1 ELSE s.max_attempts END,
+               completed_at = CASE WHEN x.why IS NOT NULL THEN p_as_of END,
+               last_error = x.err || jsonb_build_object('reason', x.why, 'attempt', x.attempts, 'at', p_as_of),
+               breaker_fingerprint = x.fp,
+               breaker_count = x.streak_count
+          FROM detailed x
+         WHERE s.id = x.id
+        RETURNING s.id
+    ), logged AS (
+        INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                           details, at)
+        SELECT x.task_id, x.id, x.attempts, x.iteration, e.event, 'in_progress', e.to_state, e.details, p_as_of
+          FROM detailed x
+         CROSS JOIN LATERAL (VALUES
+                   (1, 'attempt.failed', x.new_state, x.details),
+                   (2, CASE WHEN x.why IS NULL THEN 'retry.scheduled' ELSE 'step.failed' END, x.new_state, x.details),
+                   (3, CASE WHEN x.new_state = 'skipped' THEN 'step.skipped' END, 'skipped',
+                       jsonb_build_object('reason', x.why))) AS e(n, event, to_state, details)
+         WHERE e.event IS NOT NULL
+         ORDER BY x.id, e.n
+    )
+    SELECT array_agg(x.id), array_agg(x.new_state), array_agg(x.next_at), array_agg(x.why),
+           array_agg(x.id ORDER BY x.id) FILTER (WHERE x.why IS NOT NULL AND x.on_exhausted = 'skip_cascade'),
+           array_agg(x.name ORDER BY x.id) FILTER (WHERE x.why IS NOT NULL AND x.on_exhausted = 'skip_cascade')
+      INTO v_ids, v_states, v_next, v_reasons, v_cascade, v_names
+      FROM detailed x;
+
+    IF v_cascade IS NOT NULL THEN
+        FOR i IN 1 .. cardinality(v_cascade) LOOP
+            PERFORM stepready._skip_descendants(v_cascade[i], v_names[i], p_as_of);
+        END LOOP;
+    END IF;
+    RETURN QUERY SELECT u.id, u.st, u.nx, u.rs FROM unnest(v_ids, v_states, v_next, v_reasons) AS u(id, st, nx, rs);
+END;
+$$;
+
+-- One failure (the lease reaper's): _apply_failures of a one-element batch. p_step is locked by the caller.
 CREATE OR REPLACE FUNCTION stepready._apply_failure(p_step stepready.steps, p_error jsonb, p_as_of timestamptz,
                                                     p_sample float8)
 RETURNS TABLE (state text, next_attempt_at timestamptz, reason text)
 LANGUAGE plpgsql
 AS $$
-#variable_conflict use_variable
-DECLARE
-    v          stepready.steps := p_step;
-    n          stepready.steps;
-    o          jsonb := COALESCE(p_error -> 'retry', '{}');
-    v_class    text := p_error ->> 'class';
-    c          stepready.failure_classes;
-    v_fp       text;
-    v_count    int := 0;
-    v_reason   text;
-    v_state    text;
-    v_next     timestamptz;
-    v_base     bigint;
-    v_delay    bigint;
-    v_details  jsonb;
-    v_max      int := COALESCE((o ->> 'max_attempts')::numeric::int, p_step.max_attempts);
+#variable_conflict use_column
 BEGIN
-    SELECT * INTO c FROM stepready.failure_classes fc WHERE fc.name = v_class;
-    IF NOT FOUND THEN
-        c.retryable := true; -- an unknown class is recorded as given and treated as transient
-        c.breaker := false;
-    END IF;
-    IF c.breaker THEN
-        v_fp := stepready._failure_fingerprint(v_class, p_error ->> 'message');
-        v_count := CASE WHEN v_fp = v.breaker_fingerprint THEN v.breaker_count + 1 ELSE 1 END;
-    END IF;
-
-    IF NOT c.retryable OR (p_error -> 'retryable') = 'false'::jsonb
-       OR (NOT COALESCE(v.retryable, true) AND v.attempts >= 1) THEN
-        v_reason := 'not_retryable';
-    ELSIF c.breaker AND v.breaker_limit > 0 AND v_count >= v.breaker_limit THEN
-        v_reason := 'circuit_open';
-    ELSIF NOT stepready.retry_eligible(v.attempts, v_max, v.retryable) THEN
-        v_reason := 'retries_exhausted';
-    END IF;
-
-    v_details := jsonb_build_object('error', p_error, 'class', v_class);
-    IF v_fp IS NOT NULL THEN
-        v_details := v_details || jsonb_build_object('fingerprint', v_fp, 'breaker_count', v_count);
-    END IF;
-
-    IF v_reason IS NULL THEN
-        v_state := 'waiting_for_retry';
-        IF jsonb_typeof(p_error -> 'retry_after_ms') = 'number' THEN
-            -- A delay requested by the handler or the server is used exactly: no jitter, no cap.
-            v_delay := trunc((p_error ->> 'retry_after_ms')::numeric)::bigint;
-            v_details := v_details || jsonb_build_object('delay_ms', v_delay, 'retry_after_ms', v_delay);
-        ELSE
-            v_base := stepready.backoff_delay_ms(COALESCE(o ->> 'backoff', v.backoff), v.attempts,
-                          COALESCE((o ->> 'base_delay_ms')::numeric::bigint, v.base_delay_ms),
-                          COALESCE((o ->> 'multiplier')::float8, v.multiplier),
-                          CASE WHEN o ? 'max_delay_ms' THEN (o ->> 'max_delay_ms')::numeric::bigint ELSE v.max_delay_ms END);
-            v_delay := stepready._jittered_delay_ms(v_base, COALESCE((o ->> 'jitter')::float8, v.jitter), p_sample);
-            v_details := v_details || jsonb_build_object('delay_ms', v_delay, 'backoff_delay_ms', v_base,
-                             'jitter', COALESCE((o ->> 'jitter')::float8, v.jitter), 'jitter_sample', p_sample);
-        END IF;
-        IF o <> '{}'::jsonb THEN
-            v_details := v_details || jsonb_build_object('overrides', o);
-        END IF;
-        -- Clamp so a huge Retry-After cannot overflow the timestamp.
-        v_next := p_as_of + LEAST(v_delay, 315360000000000) * interval '1 millisecond';
-        v_details := v_details || jsonb_build_object('next_attempt_at', v_next);
-    ELSE
-        v_state := CASE v.on_exhausted WHEN 'fail_task' THEN 'error' ELSE 'skipped' END;
-        v_details := v_details || jsonb_build_object('reason', v_reason, 'on_exhausted', v.on_exhausted);
-    END IF;
-
-    UPDATE stepready.steps s
-       SET state = v_state,
-           next_attempt_at = v_next,
-           -- A retry granted only by a max_attempts override must really run: raise the stored budget just
-           -- enough for it (as retry_step_now does), so readiness and the claim agree with the decision.
-           max_attempts = CASE WHEN v_reason IS NULL
-                                    AND NOT stepready.retry_eligible(v.attempts, s.max_attempts, v.retryable)
-                               THEN v.attempts + 1 ELSE s.max_attempts END,
-           completed_at = CASE WHEN v_reason IS NOT NULL THEN p_as_of END,
-           last_error = p_error || jsonb_build_object('reason', v_reason, 'attempt', v.attempts, 'at', p_as_of),
-           breaker_fingerprint = v_fp,
-           breaker_count = v_count
-     WHERE s.id = v.id
-    RETURNING * INTO n;
-
-    PERFORM stepready._log(v, 'attempt.failed', 'in_progress', v_state, v_details, p_as_of);
-    IF v_reason IS NULL THEN
-        PERFORM stepready._log(n, 'retry.scheduled', 'in_progress', v_state, v_details, p_as_of);
-    ELSE
-        PERFORM stepready._log(n, 'step.failed', 'in_progress', v_state, v_details, p_as_of);
-        IF v_state = 'skipped' THEN
-            PERFORM stepready._log(n, 'step.skipped', 'in_progress', 'skipped',
-                jsonb_build_object('reason', v_reason), p_as_of);
-        END IF;
-        IF v.on_exhausted = 'skip_cascade' THEN
-            PERFORM stepready._skip_descendants(v.id, v.name, p_as_of);
-        END IF;
-    END IF;
-
-    RETURN QUERY SELECT v_state, v_next, v_reason;
+    RETURN QUERY SELECT a.state, a.next_attempt_at, a.reason
+                   FROM stepready._apply_failures(ARRAY[p_step.id], ARRAY[p_error], p_as_of, ARRAY[p_sample]) a;
 END;
 $$;
 
@@ -173,31 +216,87 @@ BEGIN
 END;
 $$;
 
+-- fail_step for a batch of failed attempts: entry i is step p_step_ids[i], attempt p_attempts[i], error document
+-- p_errors[i] and jitter sample p_jitter_samples[i] (the whole array NULL: random() per entry; an element NULL:
+-- 0, as fail_step's NULL sample). Each entry is fenced and decided exactly as fail_step does it; rows are locked
+-- in ascending id. One row per entry, in no particular order: a fenced entry gets its step's current state and
+-- next_attempt_at with reason stale_attempt (NULL, NULL, stale_attempt for a step that does not exist).
+CREATE OR REPLACE FUNCTION stepready.fail_steps(
+    p_step_ids bigint[], p_attempts int[], p_errors jsonb[], p_as_of timestamptz DEFAULT now(),
+    p_jitter_samples float8[] DEFAULT NULL)
+RETURNS TABLE (step_id bigint, state text, next_attempt_at timestamptz, reason text)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan -- see start_steps
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_errors  jsonb[];
+    v_samples float8[];
+    v_bad     int;
+    v_ok      bigint[];
+    v_ok_err  jsonb[];
+    v_ok_smp  float8[];
+BEGIN
+    PERFORM stepready._check_step_ids(p_step_ids, 'p_step_ids');
+    IF p_attempts IS NULL OR cardinality(p_attempts) <> cardinality(p_step_ids) THEN
+        RAISE EXCEPTION 'p_attempts must have one entry per step id (%), got %', cardinality(p_step_ids),
+            COALESCE(cardinality(p_attempts)::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    IF p_errors IS NULL OR cardinality(p_errors) <> cardinality(p_step_ids) THEN
+        RAISE EXCEPTION 'p_errors must have one entry per step id (%), got %', cardinality(p_step_ids),
+            COALESCE(cardinality(p_errors)::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+    IF p_jitter_samples IS NOT NULL AND cardinality(p_jitter_samples) <> cardinality(p_step_ids) THEN
+        RAISE EXCEPTION 'p_jitter_samples must be NULL or have one entry per step id (%), got %',
+            cardinality(p_step_ids), cardinality(p_jitter_samples) USING ERRCODE = '22023';
+    END IF;
+    v_samples := ARRAY(SELECT CASE WHEN p_jitter_samples IS NULL THEN random() ELSE COALESCE(x, 0) END
+                         FROM unnest(COALESCE(p_jitter_samples, array_fill(NULL::float8, ARRAY[cardinality(p_step_ids)])))
+                              WITH ORDINALITY AS u(x, k) ORDER BY k);
+    SELECT min(k) INTO v_bad FROM unnest(v_samples) WITH ORDINALITY AS u(x, k) WHERE NOT (x >= 0 AND x < 1);
+    IF v_bad IS NOT NULL THEN
+        RAISE EXCEPTION 'p_jitter_samples[%] must be in [0, 1), got %', v_bad, v_samples[v_bad]
+            USING ERRCODE = '22023';
+    END IF;
+    v_errors := ARRAY(SELECT stepready._check_error(e) FROM unnest(p_errors) WITH ORDINALITY AS u(e, k) ORDER BY k);
+
+    -- Lock every requested row in id order (by primary key only), then fence each entry on its locked row.
+    PERFORM 1 FROM stepready.steps s WHERE s.id = ANY (p_step_ids) ORDER BY s.id FOR UPDATE;
+    SELECT array_agg(u.id), array_agg(u.err), array_agg(u.smp)
+      INTO v_ok, v_ok_err, v_ok_smp
+      FROM unnest(p_step_ids, p_attempts, v_errors, v_samples) AS u(id, attempt, err, smp)
+     WHERE (SELECT s.state = 'in_progress' AND s.attempts = u.attempt FROM stepready.steps s WHERE s.id = u.id);
+
+    IF v_ok IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM stepready._apply_failures(v_ok, v_ok_err, p_as_of, v_ok_smp);
+    END IF;
+    RETURN QUERY SELECT u.id, s.state, s.next_attempt_at, 'stale_attempt'::text
+                   FROM unnest(p_step_ids) AS u(id)
+                   LEFT JOIN stepready.steps s ON s.id = u.id
+                  WHERE NOT (u.id = ANY (COALESCE(v_ok, '{}')));
+END;
+$$;
+
+-- One failed attempt: fail_steps of a one-element batch.
 CREATE OR REPLACE FUNCTION stepready.fail_step(
     p_step_id bigint, p_attempt int, p_error jsonb, p_as_of timestamptz DEFAULT now(),
     p_jitter_sample float8 DEFAULT random())
 RETURNS TABLE (state text, next_attempt_at timestamptz, reason text)
 LANGUAGE plpgsql
 AS $$
-#variable_conflict use_variable
-DECLARE
-    v       stepready.steps;
-    v_error jsonb;
+#variable_conflict use_column
 BEGIN
     IF p_jitter_sample IS NOT NULL AND NOT (p_jitter_sample >= 0 AND p_jitter_sample < 1) THEN
         RAISE EXCEPTION 'p_jitter_sample must be in [0, 1), got %', p_jitter_sample USING ERRCODE = '22023';
     END IF;
-    v_error := stepready._check_error(p_error);
-    SELECT * INTO v FROM stepready.steps s WHERE s.id = p_step_id FOR UPDATE;
-    IF NOT FOUND THEN
+    PERFORM stepready._check_error(p_error);
+    IF p_step_id IS NULL THEN
         RETURN QUERY SELECT NULL::text, NULL::timestamptz, 'stale_attempt'::text;
         RETURN;
     END IF;
-    IF v.state <> 'in_progress' OR v.attempts IS DISTINCT FROM p_attempt THEN
-        RETURN QUERY SELECT v.state, v.next_attempt_at, 'stale_attempt'::text;
-        RETURN;
-    END IF;
-    RETURN QUERY SELECT * FROM stepready._apply_failure(v, v_error, p_as_of, COALESCE(p_jitter_sample, 0));
+    RETURN QUERY SELECT f.state, f.next_attempt_at, f.reason
+                   FROM stepready.fail_steps(ARRAY[p_step_id], ARRAY[p_attempt], ARRAY[p_error], p_as_of,
+                                             ARRAY[COALESCE(p_jitter_sample, 0)]) f;
 END;
 $$;
 

@@ -13,7 +13,7 @@ import (
 	"github.com/stepready/stepready/internal/store"
 )
 
-// BatchMaxDefault is the largest batch a BatchCompleter or BatchStarter sends in one statement when none is set.
+// BatchMaxDefault is the largest batch a BatchRecorder or BatchStarter sends in one flush when none is set.
 const BatchMaxDefault = 100
 
 // batchFlushTimeout bounds one flush, retries of a lost connection included (as recordTimeout bounds one outcome).
@@ -183,81 +183,112 @@ func flushEach[Req, Res any](ctx context.Context, reqs []Req, all func(context.C
 	return out
 }
 
-// BatchCompleter records successful attempts in batches: each Complete joins the next call of
-// stepready.complete_steps, which fences every entry on its own exactly as complete_step does. Complete returns
-// once its entry is recorded (or refused), so a worker that returns has its outcome in the database.
+// BatchRecorder records the outcomes of attempts in batches: each Complete or Fail joins the next flush, which
+// sends stepready.complete_steps and stepready.fail_steps together, in one round trip and one transaction. Both
+// fence every entry on its own exactly as complete_step and fail_step do. Complete and Fail return once their
+// entry is recorded (or refused), so a worker that returns has its outcome in the database.
 //
 // A batch is flushed as soon as it holds as many entries as there are attempts running (Track counts them), or
-// when no entry came for CompleteGap, or after CompleteLinger: a worker finishing alone is recorded at once, and
+// when no entry came for RecordGap, or after RecordLinger: a worker finishing alone is recorded at once, and
 // workers finishing together (a batch claimed together) are recorded together.
-type BatchCompleter struct {
+type BatchRecorder struct {
 	pool    *pgxpool.Pool
 	logger  *slog.Logger
-	b       *batcher[completeReq, bool]
+	b       *batcher[outcomeReq, outcomeRes]
 	running atomic.Int64
 }
 
-// CompleteGap and CompleteLinger bound how long a BatchCompleter waits for the completions of other running
-// attempts before it records the ones it has: no longer than CompleteGap after the last one came, and no longer
-// than CompleteLinger in all.
+// RecordGap and RecordLinger bound how long a BatchRecorder waits for the outcomes of other running attempts
+// before it records the ones it has: no longer than RecordGap after the last one came, and no longer than
+// RecordLinger in all.
 const (
-	CompleteGap    = 200 * time.Microsecond
-	CompleteLinger = 2 * time.Millisecond
+	RecordGap    = 200 * time.Microsecond
+	RecordLinger = 2 * time.Millisecond
 )
 
-type completeReq struct {
+// outcomeReq is a completion (fail == nil) or a failure.
+type outcomeReq struct {
 	stepID  int64
 	attempt int
 	output  json.RawMessage
+	fail    json.RawMessage // the error document of a failure
 }
 
-// NewBatchCompleter starts a completer on pool sending at most maxBatch entries per statement (0: BatchMaxDefault).
-// Stop it after the last Complete has returned.
-func NewBatchCompleter(pool *pgxpool.Pool, maxBatch int, logger *slog.Logger) *BatchCompleter {
-	c := &BatchCompleter{pool: pool, logger: orDiscard(logger)}
-	c.b = newBatcher(maxBatch, c.flush)
-	c.b.expected = func() int { return int(c.running.Load()) }
-	c.b.gap, c.b.linger = CompleteGap, CompleteLinger
-	return c
+type outcomeRes struct {
+	completed bool
+	failed    store.FailResult
 }
 
-// Track counts an attempt that may complete through c: call it with +1 when the attempt starts and -1 when its
-// outcome is recorded, whatever it was.
-func (c *BatchCompleter) Track(delta int) { c.running.Add(int64(delta)) }
+// NewBatchRecorder starts a recorder on pool sending at most maxBatch entries per flush (0: BatchMaxDefault).
+// Stop it after the last Complete or Fail has returned.
+func NewBatchRecorder(pool *pgxpool.Pool, maxBatch int, logger *slog.Logger) *BatchRecorder {
+	r := &BatchRecorder{pool: pool, logger: orDiscard(logger)}
+	r.b = newBatcher(maxBatch, r.flush)
+	r.b.expected = func() int { return int(r.running.Load()) }
+	r.b.gap, r.b.linger = RecordGap, RecordLinger
+	return r
+}
+
+// Track counts an attempt whose outcome may be recorded through r: call it with +1 when the attempt starts and
+// -1 when its outcome is recorded, whatever it was.
+func (r *BatchRecorder) Track(delta int) { r.running.Add(int64(delta)) }
 
 // Complete records the successful attempt of a step with its output; false when the attempt was fenced out.
 // After Stop it records the attempt on its own (complete_step).
-func (c *BatchCompleter) Complete(ctx context.Context, stepID int64, attempt int, output json.RawMessage) (bool, error) {
-	ok, err, batched := c.b.do(ctx, completeReq{stepID: stepID, attempt: attempt, output: output})
+func (r *BatchRecorder) Complete(ctx context.Context, stepID int64, attempt int, output json.RawMessage) (bool, error) {
+	res, err, batched := r.b.do(ctx, outcomeReq{stepID: stepID, attempt: attempt, output: output})
 	if !batched {
-		return store.CompleteStep(ctx, c.pool, stepID, attempt, output)
+		return store.CompleteStep(ctx, r.pool, stepID, attempt, output)
 	}
-	return ok, err
+	return res.completed, err
+}
+
+// Fail records the failed attempt of a step with the error document of fail_step and returns what was decided
+// (reason stale_attempt when the attempt was fenced out). After Stop it records the attempt on its own
+// (fail_step).
+func (r *BatchRecorder) Fail(ctx context.Context, stepID int64, attempt int, errorDoc json.RawMessage) (store.FailResult, error) {
+	res, err, batched := r.b.do(ctx, outcomeReq{stepID: stepID, attempt: attempt, fail: errorDoc})
+	if !batched {
+		return store.FailStep(ctx, r.pool, stepID, attempt, errorDoc)
+	}
+	return res.failed, err
 }
 
 // Stop records what is queued and stops batching.
-func (c *BatchCompleter) Stop() { c.b.stop() }
+func (r *BatchRecorder) Stop() { r.b.stop() }
 
-func (c *BatchCompleter) flush(ctx context.Context, reqs []completeReq) []batchResult[bool] {
-	return flushEach(ctx, reqs, func(ctx context.Context, reqs []completeReq) ([]bool, error) {
-		ids := make([]int64, len(reqs))
-		attempts := make([]int, len(reqs))
-		outputs := make([]json.RawMessage, len(reqs))
-		for i, r := range reqs {
-			ids[i], attempts[i], outputs[i] = r.stepID, r.attempt, r.output
+func (r *BatchRecorder) flush(ctx context.Context, reqs []outcomeReq) []batchResult[outcomeRes] {
+	return flushEach(ctx, reqs, func(ctx context.Context, reqs []outcomeReq) ([]outcomeRes, error) {
+		var completions []store.Completion
+		var failures []store.Failure
+		for _, q := range reqs {
+			if q.fail == nil {
+				completions = append(completions, store.Completion{StepID: q.stepID, Attempt: q.attempt, Output: q.output})
+			} else {
+				failures = append(failures, store.Failure{StepID: q.stepID, Attempt: q.attempt, ErrorDoc: q.fail})
+			}
 		}
-		done, err := store.CompleteSteps(ctx, c.pool, ids, attempts, outputs)
+		done, failed, err := store.RecordOutcomes(ctx, r.pool, completions, failures)
 		if err != nil {
 			return nil, err
 		}
-		res := make([]bool, len(reqs))
-		for i, r := range reqs {
-			res[i] = done[r.stepID]
+		res := make([]outcomeRes, len(reqs))
+		for i, q := range reqs {
+			if q.fail == nil {
+				res[i].completed = done[q.stepID]
+			} else {
+				res[i].failed = failed[q.stepID]
+			}
 		}
 		return res, nil
-	}, func(ctx context.Context, r completeReq) (bool, error) {
-		return store.CompleteStep(ctx, c.pool, r.stepID, r.attempt, r.output)
-	}, c.logger, "complete_steps")
+	}, func(ctx context.Context, q outcomeReq) (outcomeRes, error) {
+		if q.fail == nil {
+			ok, err := store.CompleteStep(ctx, r.pool, q.stepID, q.attempt, q.output)
+			return outcomeRes{completed: ok}, err
+		}
+		f, err := store.FailStep(ctx, r.pool, q.stepID, q.attempt, q.fail)
+		return outcomeRes{failed: f}, err
+	}, r.logger, "complete_steps + fail_steps")
 }
 
 // BatchStarter starts claimed steps in batches (stepready.start_steps), for workers that receive claimed steps

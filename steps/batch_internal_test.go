@@ -123,25 +123,32 @@ func countWhere(t *testing.T, db *pgtest.DB, sql string, args ...any) int {
 	return n
 }
 
-func TestBatchCompleterConcurrentCompletions(t *testing.T) {
+func TestBatchRecorderConcurrentOutcomes(t *testing.T) {
 	t.Parallel()
 	db, ids, _ := batchDB(t, 40)
-	c := NewBatchCompleter(db.Pool, 16, nil)
+	c := NewBatchRecorder(db.Pool, 16, nil)
 	ctx := context.Background()
 
+	// Even steps succeed, odd steps fail (a retry is scheduled); every step also gets a late outcome of an
+	// attempt that is not the running one.
 	var wg sync.WaitGroup
 	got := make([]bool, len(ids))
-	stale := make([]bool, len(ids))
+	failed := make([]store.FailResult, len(ids))
+	stale := make([]store.FailResult, len(ids))
 	errs := make([]error, 2*len(ids))
 	for i, id := range ids {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			got[i], errs[2*i] = c.Complete(ctx, id, 1, json.RawMessage(fmt.Sprintf(`{"i": %d}`, i)))
+			if i%2 == 0 {
+				got[i], errs[2*i] = c.Complete(ctx, id, 1, json.RawMessage(fmt.Sprintf(`{"i": %d}`, i)))
+			} else {
+				failed[i], errs[2*i] = c.Fail(ctx, id, 1, json.RawMessage(`{"class": "transient", "message": "m"}`))
+			}
 		}()
-		go func() { // a late worker of an attempt that is not the running one
+		go func() {
 			defer wg.Done()
-			stale[i], errs[2*i+1] = c.Complete(ctx, id, 2, json.RawMessage(`{"stale": true}`))
+			stale[i], errs[2*i+1] = c.Fail(ctx, id, 2, json.RawMessage(`{"class": "transient"}`))
 		}()
 	}
 	wg.Wait()
@@ -149,19 +156,29 @@ func TestBatchCompleterConcurrentCompletions(t *testing.T) {
 	for i := range ids {
 		require.NoError(t, errs[2*i])
 		require.NoError(t, errs[2*i+1])
-		require.True(t, got[i], "step %d", ids[i])
-		require.False(t, stale[i], "the stale attempt of step %d is fenced out", ids[i])
+		if i%2 == 0 {
+			require.True(t, got[i], "step %d", ids[i])
+		} else {
+			require.Equal(t, "waiting_for_retry", failed[i].State, "step %d", ids[i])
+			require.NotNil(t, failed[i].NextAttemptAt)
+		}
+		require.True(t, stale[i].Stale(), "the late attempt of step %d is fenced out", ids[i])
 	}
-	require.Equal(t, len(ids), countWhere(t, db, `SELECT count(*) FROM stepready.steps
+	half := len(ids) / 2
+	require.Equal(t, half, countWhere(t, db, `SELECT count(*) FROM stepready.steps
 		WHERE id = ANY ($1) AND state = 'complete' AND output = jsonb_build_object('i', array_position($1, id) - 1)`, ids))
-	require.Equal(t, len(ids), countWhere(t, db, `SELECT count(*) FROM stepready.tasks WHERE status = 'complete'`))
-	require.Equal(t, 2*len(ids), countWhere(t, db, `SELECT count(*) FROM stepready.step_events
+	require.Equal(t, half, countWhere(t, db, `SELECT count(*) FROM stepready.steps
+		WHERE id = ANY ($1) AND state = 'waiting_for_retry' AND attempts = 1`, ids))
+	require.Equal(t, half, countWhere(t, db, `SELECT count(*) FROM stepready.tasks WHERE status = 'complete'`))
+	require.Equal(t, 2*half, countWhere(t, db, `SELECT count(*) FROM stepready.step_events
 		WHERE event IN ('attempt.succeeded', 'step.completed')`))
+	require.Equal(t, 2*half, countWhere(t, db, `SELECT count(*) FROM stepready.step_events
+		WHERE event IN ('attempt.failed', 'retry.scheduled')`))
 
-	// Stopped: a completion is still recorded, on its own.
+	// Stopped: an outcome is still recorded, on its own.
 	_, err := db.Pool.Exec(ctx, `SELECT stepready.create_task('{"name": "late", "steps": [{"name": "s", "handler": "h"}]}')`)
 	require.NoError(t, err)
-	late, err := store.ClaimAndStartSteps(ctx, db.Pool, 10, "w", time.Minute)
+	late, err := store.ClaimAndStartSteps(ctx, db.Pool, 1, "w", time.Minute)
 	require.NoError(t, err)
 	require.Len(t, late, 1)
 	ok, err := c.Complete(ctx, late[0].StepID, 1, json.RawMessage(`{}`))
@@ -169,30 +186,34 @@ func TestBatchCompleterConcurrentCompletions(t *testing.T) {
 	require.True(t, ok)
 }
 
-// TestBatchCompleterIsolatesARefusedEntry: an entry the database refuses (collect = merge with a non-object
-// output) fails only itself; the rest of its batch is recorded.
-func TestBatchCompleterIsolatesARefusedEntry(t *testing.T) {
+// TestBatchRecorderIsolatesARefusedEntry: an entry the database refuses (collect = merge with a non-object
+// output) fails only itself; the rest of its batch, successes and failures, is recorded.
+func TestBatchRecorderIsolatesARefusedEntry(t *testing.T) {
 	t.Parallel()
-	db, ids, merge := batchDB(t, 3)
-	c := NewBatchCompleter(db.Pool, 0, nil)
+	db, ids, merge := batchDB(t, 4)
+	c := NewBatchRecorder(db.Pool, 0, nil)
 	defer c.Stop()
-	res := c.flush(context.Background(), []completeReq{
+	res := c.flush(context.Background(), []outcomeReq{
 		{stepID: ids[0], attempt: 1, output: json.RawMessage(`1`)},
 		{stepID: merge, attempt: 1, output: json.RawMessage(`[1]`)},
 		{stepID: ids[1], attempt: 1, output: json.RawMessage(`2`)},
 		{stepID: ids[2], attempt: 9, output: json.RawMessage(`3`)},
+		{stepID: ids[3], attempt: 1, fail: json.RawMessage(`{"class": "transient", "message": "x"}`)},
 	})
-	require.Len(t, res, 4)
+	require.Len(t, res, 5)
 	require.NoError(t, res[0].err)
-	require.True(t, res[0].res)
+	require.True(t, res[0].res.completed)
 	var pgErr *pgconn.PgError
 	require.ErrorAs(t, res[1].err, &pgErr)
 	require.Equal(t, "22023", pgErr.Code)
 	require.NoError(t, res[2].err)
-	require.True(t, res[2].res)
+	require.True(t, res[2].res.completed)
 	require.NoError(t, res[3].err)
-	require.False(t, res[3].res, "fenced")
+	require.False(t, res[3].res.completed, "fenced")
+	require.NoError(t, res[4].err)
+	require.Equal(t, "waiting_for_retry", res[4].res.failed.State, "a failure of the same batch is recorded too")
 	require.Equal(t, 2, countWhere(t, db, `SELECT count(*) FROM stepready.steps WHERE state = 'complete'`))
+	require.Equal(t, 1, countWhere(t, db, `SELECT count(*) FROM stepready.steps WHERE state = 'waiting_for_retry'`))
 	require.Equal(t, "in_progress", func() string {
 		var s string
 		require.NoError(t, db.Pool.QueryRow(context.Background(), `SELECT state FROM stepready.steps WHERE id = $1`,

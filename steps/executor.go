@@ -55,10 +55,10 @@ type Executor struct {
 	Metrics *metrics.Metrics
 	// Starter, when set, starts the attempts of Run in batches (start_steps). Nil: one start_step per attempt.
 	Starter *BatchStarter
-	// Completer, when set, records plain successes (no outcome rules, no repetition) in batches
-	// (complete_steps). Nil: one complete_step per success. Failures, repetitions and rule decisions are always
-	// recorded one by one.
-	Completer *BatchCompleter
+	// Recorder, when set, records plain outcomes (no outcome rules, no repetition) in batches: successes with
+	// complete_steps, failures with fail_steps. Nil: one complete_step or fail_step per attempt. Repetitions,
+	// releases and rule decisions are always recorded one by one.
+	Recorder *BatchRecorder
 }
 
 // Run executes one claimed step. ctx is the worker's context: when it is cancelled with cause ErrShutdown
@@ -109,17 +109,17 @@ func (e *Executor) stepLogger(c store.ClaimedStep) *slog.Logger {
 }
 
 // Reserve tells the executor that n attempts already started are about to be run with RunStarted (a claimed
-// batch): the batch completer then expects their outcomes together. Call it before starting them.
+// batch): the batch recorder then expects their outcomes together. Call it before starting them.
 func (e *Executor) Reserve(n int) {
-	if e.Completer != nil {
-		e.Completer.Track(n)
+	if e.Recorder != nil {
+		e.Recorder.Track(n)
 	}
 }
 
 func (e *Executor) run(ctx context.Context, log *slog.Logger, c store.ClaimedStep, st store.Started) {
 	dbCtx := context.WithoutCancel(ctx)
-	if e.Completer != nil {
-		defer e.Completer.Track(-1)
+	if e.Recorder != nil {
+		defer e.Recorder.Track(-1)
 	}
 	log = log.With(slog.Int("attempt", st.Attempt), slog.Int("iteration", st.Iteration))
 	log.Info("executor: attempt started")
@@ -290,8 +290,8 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 		return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: err.Error()})
 	}
 	var ok bool
-	if e.Completer != nil {
-		ok, err = e.Completer.Complete(ctx, step.ID, step.Attempt, out)
+	if e.Recorder != nil {
+		ok, err = e.Recorder.Complete(ctx, step.ID, step.Attempt, out)
 	} else {
 		ok, err = store.CompleteStep(ctx, e.Pool, step.ID, step.Attempt, out)
 	}
@@ -304,15 +304,26 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 }
 
 func (e *Executor) fail(ctx context.Context, log *slog.Logger, step *Step, d errorDoc) error {
-	return e.failOn(ctx, e.Pool, log, step, d)
+	if e.Recorder == nil {
+		return e.failOn(ctx, e.Pool, log, step, d)
+	}
+	return e.failWith(log, d, func(doc json.RawMessage) (store.FailResult, error) {
+		return e.Recorder.Fail(ctx, step.ID, step.Attempt, doc)
+	})
 }
 
 func (e *Executor) failOn(ctx context.Context, db store.DBTX, log *slog.Logger, step *Step, d errorDoc) error {
+	return e.failWith(log, d, func(doc json.RawMessage) (store.FailResult, error) {
+		return store.FailStep(ctx, db, step.ID, step.Attempt, doc)
+	})
+}
+
+func (e *Executor) failWith(log *slog.Logger, d errorDoc, record func(json.RawMessage) (store.FailResult, error)) error {
 	doc, err := json.Marshal(d)
 	if err != nil {
 		return fmt.Errorf("steps: encode error document: %w", err)
 	}
-	res, err := store.FailStep(ctx, db, step.ID, step.Attempt, doc)
+	res, err := record(doc)
 	if err != nil {
 		return err
 	}

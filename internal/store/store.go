@@ -113,23 +113,61 @@ type ClaimedStarted struct {
 // ClaimAndStartSteps claims up to limit ready steps for worker and starts them at once (stepready.
 // claim_and_start_steps): each returned attempt runs under a lease of lease from now.
 func ClaimAndStartSteps(ctx context.Context, db DBTX, limit int, worker string, lease time.Duration) ([]ClaimedStarted, error) {
-	rows, err := db.Query(ctx, `SELECT step_id, task_id, name, handler, input, attempt, timeout_ms, queue, iteration,
-		context, rules FROM stepready.claim_and_start_steps($1, $2, $3)`, limit, worker, ms(lease))
+	rows, err := db.Query(ctx, claimAndStartSQL, limit, worker, ms(lease))
 	if err != nil {
 		return nil, fmt.Errorf("store: claim and start steps: %w", err)
 	}
-	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClaimedStarted, error) {
-		var c ClaimedStarted
-		err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, &c.Input, &c.Started.Attempt, &c.TimeoutMS,
-			&c.Queue, &c.Started.Iteration, &c.Started.Context, &c.Started.Rules)
-		c.Attempts = c.Started.Attempt - 1
-		c.Started.Input = c.Input
-		return c, err
-	})
+	got, err := pgx.CollectRows(rows, scanClaimedStarted)
 	if err != nil {
 		return nil, fmt.Errorf("store: claim and start steps: %w", err)
 	}
 	return got, nil
+}
+
+// BatchSender is what ClaimAndStartStepsNextDue needs: satisfied by *pgxpool.Pool and *pgx.Conn.
+type BatchSender interface {
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
+}
+
+// NextDue is next_claim_at read with a claim: when the next claimable step becomes due after the claim's instant
+// (nil: none is waiting on a backoff), and the database's clock at that instant.
+type NextDue struct {
+	At    *time.Time
+	DBNow time.Time
+}
+
+const claimAndStartSQL = `SELECT step_id, task_id, name, handler, input, attempt, timeout_ms, queue, iteration,
+	context, rules FROM stepready.claim_and_start_steps($1, $2, $3)`
+
+// ClaimAndStartStepsNextDue is ClaimAndStartSteps preceded, in the same transaction and round trip, by
+// next_claim_at: both use the transaction's now(), and the due time is read before the claim, so a step whose
+// backoff ends after the claim's instant is in it and one that ended before is claimable by the claim.
+func ClaimAndStartStepsNextDue(ctx context.Context, db BatchSender, limit int, worker string, lease time.Duration) (
+	[]ClaimedStarted, NextDue, error) {
+	var due NextDue
+	b := &pgx.Batch{}
+	b.Queue(`SELECT stepready.next_claim_at(), now()`).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&due.At, &due.DBNow)
+	})
+	var got []ClaimedStarted
+	b.Queue(claimAndStartSQL, limit, worker, ms(lease)).Query(func(rows pgx.Rows) error {
+		var err error
+		got, err = pgx.CollectRows(rows, scanClaimedStarted)
+		return err
+	})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return nil, NextDue{}, fmt.Errorf("store: claim and start steps: %w", err)
+	}
+	return got, due, nil
+}
+
+func scanClaimedStarted(r pgx.CollectableRow) (ClaimedStarted, error) {
+	var c ClaimedStarted
+	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, &c.Input, &c.Started.Attempt, &c.TimeoutMS,
+		&c.Queue, &c.Started.Iteration, &c.Started.Context, &c.Started.Rules)
+	c.Attempts = c.Started.Attempt - 1
+	c.Started.Input = c.Input
+	return c, err
 }
 
 // StartSteps starts a batch of enqueued steps (stepready.start_steps). The map holds the steps that may run;
@@ -182,6 +220,106 @@ func CompleteSteps(ctx context.Context, db DBTX, stepIDs []int64, attempts []int
 		return nil, fmt.Errorf("store: complete %d steps: %w", len(stepIDs), err)
 	}
 	return done, nil
+}
+
+// Completion is one successful attempt for RecordOutcomes.
+type Completion struct {
+	StepID  int64
+	Attempt int
+	Output  json.RawMessage
+}
+
+// Failure is one failed attempt for RecordOutcomes: ErrorDoc is fail_step's p_error.
+type Failure struct {
+	StepID   int64
+	Attempt  int
+	ErrorDoc json.RawMessage
+}
+
+// RecordOutcomes records a batch of successes (complete_steps) and of failures (fail_steps) in one round trip and
+// one transaction. It returns, per step id, whether each completion was recorded (false: fenced out) and what
+// fail_steps decided for each failure. Any error (one entry the database refuses fails the whole call) leaves
+// nothing recorded.
+func RecordOutcomes(ctx context.Context, db interface {
+	DBTX
+	BatchSender
+}, completions []Completion, failures []Failure) (map[int64]bool, map[int64]FailResult, error) {
+	b := &pgx.Batch{}
+	done := make(map[int64]bool, len(completions))
+	failed := make(map[int64]FailResult, len(failures))
+	// One kind only is the common case: send it as a plain statement (a pipelined batch costs more on both sides).
+	var plain DBTX
+	if len(completions) == 0 || len(failures) == 0 {
+		plain = db
+	}
+	if len(completions) > 0 {
+		ids := make([]int64, len(completions))
+		attempts := make([]int, len(completions))
+		outputs := make([]string, len(completions))
+		for i, c := range completions {
+			ids[i], attempts[i], outputs[i] = c.StepID, c.Attempt, string(c.Output)
+		}
+		const q = `SELECT step_id, completed FROM stepready.complete_steps($1, $2, $3::jsonb[])`
+		scan := func(rows pgx.Rows) error {
+			var id int64
+			var ok bool
+			_, err := pgx.ForEachRow(rows, []any{&id, &ok}, func() error { done[id] = ok; return nil })
+			return err
+		}
+		if plain != nil {
+			rows, err := plain.Query(ctx, q, ids, attempts, outputs)
+			if err == nil {
+				err = scan(rows)
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("store: complete %d steps: %w", len(ids), err)
+			}
+		} else {
+			b.Queue(q, ids, attempts, outputs).Query(scan)
+		}
+	}
+	if len(failures) > 0 {
+		ids := make([]int64, len(failures))
+		attempts := make([]int, len(failures))
+		docs := make([]string, len(failures))
+		for i, f := range failures {
+			ids[i], attempts[i], docs[i] = f.StepID, f.Attempt, string(f.ErrorDoc)
+		}
+		const q = `SELECT step_id, state, next_attempt_at, reason FROM stepready.fail_steps($1, $2, $3::jsonb[])`
+		scan := func(rows pgx.Rows) error {
+			var id int64
+			var state *string
+			var r FailResult
+			_, err := pgx.ForEachRow(rows, []any{&id, &state, &r.NextAttemptAt, &r.Reason}, func() error {
+				if state != nil {
+					r.State = *state
+				}
+				failed[id] = r
+				r = FailResult{}
+				return nil
+			})
+			return err
+		}
+		if plain != nil {
+			rows, err := plain.Query(ctx, q, ids, attempts, docs)
+			if err == nil {
+				err = scan(rows)
+			}
+			if err != nil {
+				return nil, nil, fmt.Errorf("store: fail %d steps: %w", len(ids), err)
+			}
+		} else {
+			b.Queue(q, ids, attempts, docs).Query(scan)
+		}
+	}
+	if b.Len() == 0 {
+		return done, failed, nil
+	}
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return nil, nil, fmt.Errorf("store: record %d completions and %d failures: %w", len(completions),
+			len(failures), err)
+	}
+	return done, failed, nil
 }
 
 // HeartbeatStep extends the lease of a running attempt; false when the attempt is no longer the running one.
@@ -266,6 +404,7 @@ func ReapExpiredLeases(ctx context.Context, db DBTX) (int, error) {
 // NextClaimAt returns when the next claimable step becomes due (nil: none is waiting on a backoff), and the
 // database's clock now, so a caller can set a timer without trusting its own clock.
 func NextClaimAt(ctx context.Context, db DBTX) (next *time.Time, dbNow time.Time, err error) {
+	// See ClaimAndStartStepsNextDue for the same read together with a claim.
 	if err := db.QueryRow(ctx, `SELECT stepready.next_claim_at(), now()`).Scan(&next, &dbNow); err != nil {
 		return nil, time.Time{}, fmt.Errorf("store: next claim time: %w", err)
 	}

@@ -532,3 +532,116 @@ func TestEventsGoWithTheirTaskOrStep(t *testing.T) {
 }
 
 func lcItoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// TestFailStepsDecidesEachEntryAsFailStep runs one failure per step through fail_steps in a single call and the
+// same failures one by one through fail_step on an identical fixture: every step, every event and every task
+// must come out the same (the decision itself is pinned by TestFailStepDecision, through fail_step).
+func TestFailStepsDecidesEachEntryAsFailStep(t *testing.T) {
+	t.Parallel()
+	at := lcBase
+	def := `{"name": "t", "steps": [
+		{"name": "retry", "handler": "h", "retry": {"backoff": "linear", "base_delay_ms": 100, "jitter": 0.5}},
+		{"name": "after", "handler": "h", "retry": {"max_attempts": 5}},
+		{"name": "perm", "handler": "h", "on_exhausted": "skip"},
+		{"name": "cascade", "handler": "h", "on_exhausted": "skip_cascade"},
+		{"name": "below", "handler": "h", "depends_on": ["cascade"]},
+		{"name": "breaker", "handler": "h", "breaker_limit": 1},
+		{"name": "exhaust", "handler": "h", "retry": {"max_attempts": 1}},
+		{"name": "stale", "handler": "h"}]}`
+	type entry struct {
+		name, err string
+		attempt   int
+		sample    float64
+	}
+	entries := []entry{
+		{"retry", `{"class": "transient", "message": "reset"}`, 1, 0.25},
+		{"after", `{"class": "rate_limited", "retry_after_ms": 1500}`, 1, 0},
+		{"perm", `{"class": "permanent", "message": "no"}`, 1, 0},
+		{"cascade", `{"message": "x", "retryable": false}`, 1, 0},
+		{"breaker", `{"class": "deterministic", "message": "bad key 42"}`, 1, 0},
+		{"exhaust", `{"class": "timeout", "retry": {"max_attempts": 2}}`, 1, 0.9},
+		{"stale", `{"class": "transient"}`, 7, 0},
+	}
+	prepare := func(b *lcBundle) (int64, map[string]int64) {
+		taskID, ids := b.task(def)
+		for _, e := range entries {
+			b.run(ids[e.name], at)
+		}
+		return taskID, ids
+	}
+
+	one := lcSetup(t)
+	taskA, idsA := prepare(one)
+	single := map[string]lcFail{}
+	for _, e := range entries {
+		single[e.name] = one.fail(idsA[e.name], e.attempt, e.err, at, e.sample)
+	}
+
+	batch := lcSetup(t)
+	taskB, idsB := prepare(batch)
+	ids := make([]int64, len(entries))
+	attempts := make([]int, len(entries))
+	errs := make([]string, len(entries))
+	samples := make([]float64, len(entries))
+	for i, e := range entries {
+		ids[i], attempts[i], errs[i], samples[i] = idsB[e.name], e.attempt, e.err, e.sample
+	}
+	rows, err := batch.db.Pool.Query(batch.ctx, `SELECT step_id, state, next_attempt_at, reason
+		FROM stepready.fail_steps($1, $2, $3::jsonb[], $4, $5)`, ids, attempts, errs, at, samples)
+	require.NoError(t, err)
+	got := map[int64]lcFail{}
+	var id int64
+	var r lcFail
+	_, err = pgx.ForEachRow(rows, []any{&id, &r.State, &r.NextAttemptAt, &r.Reason}, func() error {
+		got[id] = r
+		return nil
+	})
+	require.NoError(t, err)
+	require.Len(t, got, len(entries))
+
+	require.Equal(t, "stale_attempt", lcDeref(single["stale"].Reason))
+	require.Equal(t, "skipped", lcDeref(single["cascade"].State))
+	require.Equal(t, "waiting_for_retry", lcDeref(single["exhaust"].State), "the override grants the retry")
+	for _, e := range entries {
+		require.Equal(t, single[e.name], got[idsB[e.name]], "result of %s", e.name)
+	}
+	for _, name := range []string{"retry", "after", "perm", "cascade", "below", "breaker", "exhaust", "stale"} {
+		sa, sb := one.step(idsA[name]), batch.step(idsB[name])
+		sa.ID, sa.TaskID, sb.ID, sb.TaskID = 0, 0, 0, 0
+		require.Equal(t, sa, sb, "step %s", name)
+		require.Equal(t, lcShapes(one.events(idsA[name])), lcShapes(batch.events(idsB[name])), "events of %s", name)
+	}
+	require.Equal(t, one.taskRow(taskA).Status, batch.taskRow(taskB).Status)
+	require.Equal(t, "skipped", batch.step(idsB["below"]).State, "skip_cascade reached the descendant")
+}
+
+func TestFailStepsRejectsBadArguments(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name, sql, want string
+	}{
+		{"repeated id", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint, $1], '{1,1}', '{"{}","{}"}')`, "contains step"},
+		{"fewer attempts", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{}', '{"{}"}')`,
+			"p_attempts must have one entry per step id (1), got 0"},
+		{"fewer errors", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{}')`,
+			"p_errors must have one entry per step id (1), got 0"},
+		{"samples of another length", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{"{}"}', now(), '{0,0}')`,
+			"p_jitter_samples must be NULL or have one entry per step id (1), got 2"},
+		{"sample out of range", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{"{}"}', now(), '{1}')`,
+			"p_jitter_samples[1] must be in [0, 1), got 1"},
+		{"bad error document", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{"[]"}')`,
+			"p_error must be a JSON object"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := lcSetup(t)
+			taskID, id := b.oneStep("")
+			b.run(id, lcBase)
+			before := b.taskSnapshot(taskID)
+			_, err := b.db.Pool.Exec(b.ctx, tc.sql, id)
+			lcRequireSQLState(t, err, "22023", tc.want)
+			require.Equal(t, before, b.taskSnapshot(taskID), "nothing changed")
+		})
+	}
+}
