@@ -13,6 +13,7 @@ import (
 
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/rules"
 )
 
 // Executor defaults.
@@ -129,10 +130,21 @@ func (e *Executor) run(ctx context.Context, log *slog.Logger, c store.ClaimedSte
 	if c.TimeoutMS != nil {
 		step.Timeout = time.Duration(*c.TimeoutMS) * time.Millisecond
 	}
+	// The rules are compiled before the handler runs (cached by content: once per distinct document): rules that
+	// do not compile fail the attempt without running the handler, whose effects could not be judged anyway.
+	var prog *rules.Program
+	if hasRules(step.Rules) {
+		var err error
+		if prog, err = rules.Compile(step.Rules); err != nil {
+			e.Metrics.Finished(0)
+			e.record(dbCtx, log, step, nil, result{rulesErr: err})
+			return
+		}
+	}
 	begin := time.Now()
 	res := e.runHandler(ctx, dbCtx, step, c.Timeout(e.defaultTimeout()))
 	e.Metrics.Finished(time.Since(begin))
-	e.record(dbCtx, log, step, res)
+	e.record(dbCtx, log, step, prog, res)
 }
 
 // result is what an attempt came to.
@@ -149,6 +161,8 @@ type result struct {
 	abandoned bool
 	// timedOut: the step's timeout expired.
 	timedOut bool
+	// rulesErr: the step's rules do not compile; the handler did not run.
+	rulesErr error
 }
 
 func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout time.Duration) result {
@@ -190,13 +204,16 @@ func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout ti
 			r = result{abandoned: true}
 		}
 	}
+	// A repetition is a result like a success: a handler that repeats after its context ended keeps it.
+	_, repeated := errors.AsType[*RepeatRequest](r.err)
+	failed := (r.err != nil && !repeated) || r.abandoned
 	switch cause := context.Cause(runCtx); {
 	case errors.Is(cause, errLeaseLost):
 		r.leaseLost = true
-	case errors.Is(cause, ErrShutdown) && (r.err != nil || r.abandoned):
+	case errors.Is(cause, ErrShutdown) && failed:
 		// Stopped by shutdown: not the step's fault. A handler that finished anyway keeps its result.
 		r.released = true
-	case errors.Is(hctx.Err(), context.DeadlineExceeded) && (r.err != nil || r.abandoned):
+	case errors.Is(hctx.Err(), context.DeadlineExceeded) && failed:
 		r.timedOut = true
 	}
 	return r
@@ -224,18 +241,19 @@ func (e *Executor) heartbeat(ctx context.Context, step *Step, cancelRun context.
 	}
 }
 
-// record writes the attempt's outcome, retrying transient database errors on an uncancelled context.
-func (e *Executor) record(ctx context.Context, log *slog.Logger, step *Step, r result) {
+// record writes the attempt's outcome, retrying transient database errors on an uncancelled context. prog is
+// the step's compiled rules, nil when it has none.
+func (e *Executor) record(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result) {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
-	err := retryDB(ctx, func() error { return e.recordOnce(ctx, log, step, r) })
+	err := retryDB(ctx, func() error { return e.recordOnce(ctx, log, step, prog, r) })
 	if err != nil {
 		log.Error("executor: could not record the outcome; the lease will expire and the reaper retries it",
 			slog.Any("error", err))
 	}
 }
 
-func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step, r result) error {
+func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result) error {
 	switch {
 	case r.leaseLost:
 		log.Warn("executor: attempt was cancelled, resolved or reaped while running; its result is dropped")
@@ -251,49 +269,32 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 		}
 		log.Info("executor: attempt released at shutdown", slog.Bool("released", ok))
 		return nil
-	case r.panicked != nil:
-		return e.fail(ctx, log, step, errorDoc{Class: ClassPermanent,
-			Message: fmt.Sprintf("handler panicked: %v", r.panicked), Stack: string(r.stack)})
-	case r.abandoned:
-		return e.fail(ctx, log, step, errorDoc{Class: ClassTimeout,
-			Message: "handler ignored the end of its context and was abandoned"})
+	case r.rulesErr != nil:
+		return e.failUncompiledRules(ctx, log, step, r.rulesErr)
 	}
 
-	var rep *RepeatRequest
-	if r.err != nil && errors.As(r.err, &rep) {
-		out, err := encodeJSON(rep.Output)
-		if err != nil {
-			return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: err.Error()})
-		}
-		var next json.RawMessage
-		if rep.NextInput != nil {
-			if next, err = encodeJSON(rep.NextInput); err != nil {
-				return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: err.Error()})
-			}
-		}
-		ok, err := store.ContinueStep(ctx, e.Pool, step.ID, step.Attempt, out, next, rep.Delay)
+	o := outcomeOf(r)
+	if prog != nil {
+		return e.recordWithRules(ctx, log, step, prog, o)
+	}
+	switch {
+	case o.failure != nil:
+		return e.fail(ctx, log, step, *o.failure)
+	case o.repeat != nil:
+		ok, err := store.ContinueStep(ctx, e.Pool, step.ID, step.Attempt, o.output, o.repeat.nextInput, o.repeat.delay)
 		if err != nil {
 			return err
 		}
 		e.Metrics.Completed()
-		log.Info("executor: iteration done; step repeats", slog.Duration("delay", rep.Delay), slog.Bool("recorded", ok))
+		log.Info("executor: iteration done; step repeats", slog.Duration("delay", o.repeat.delay), slog.Bool("recorded", ok))
 		return nil
 	}
-	if hasRules(step.Rules) {
-		return e.recordWithRules(ctx, log, step, r)
-	}
-	if r.err != nil {
-		return e.fail(ctx, log, step, classify(r.err, r.timedOut))
-	}
-	out, err := encodeJSON(r.output)
-	if err != nil {
-		return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: err.Error()})
-	}
 	var ok bool
+	var err error
 	if e.Recorder != nil {
-		ok, err = e.Recorder.Complete(ctx, step.ID, step.Attempt, out)
+		ok, err = e.Recorder.Complete(ctx, step.ID, step.Attempt, o.output)
 	} else {
-		ok, err = store.CompleteStep(ctx, e.Pool, step.ID, step.Attempt, out)
+		ok, err = store.CompleteStep(ctx, e.Pool, step.ID, step.Attempt, o.output)
 	}
 	if err != nil {
 		return err
@@ -301,6 +302,65 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 	e.Metrics.Completed()
 	log.Info("executor: attempt succeeded", slog.Bool("recorded", ok))
 	return nil
+}
+
+// attemptOutcome is what a finished attempt came to, in the form it is recorded: exactly one of a failure, a
+// requested repetition or a plain success.
+type attemptOutcome struct {
+	// failure is the error document of a failed attempt (a handler error, a panic, an abandoned or timed out
+	// handler, an output that does not encode); nil when the attempt succeeded.
+	failure *errorDoc
+	// output is a successful attempt's output as JSON (also the iteration's output of a repetition).
+	output json.RawMessage
+	// repeat is set when the handler returned steps.Repeat.
+	repeat *repeatPlan
+	// httpStatus is a successful output's HTTP status (OutputWithHTTPStatus), 0 without one.
+	httpStatus int
+}
+
+// repeatPlan is a handler's steps.Repeat, encoded.
+type repeatPlan struct {
+	nextInput json.RawMessage // nil keeps the input
+	delay     time.Duration
+}
+
+// outcomeOf turns the handler's result into the outcome that is recorded, with or without rules: every failure
+// has its error document here, so rules see panics and abandoned handlers with the class, message and stack
+// recorded for them.
+func outcomeOf(r result) attemptOutcome {
+	fail := func(d errorDoc) attemptOutcome { return attemptOutcome{failure: &d} }
+	switch {
+	case r.panicked != nil:
+		return fail(errorDoc{Class: ClassPermanent, Message: fmt.Sprintf("handler panicked: %v", r.panicked),
+			Stack: string(r.stack)})
+	case r.abandoned:
+		return fail(errorDoc{Class: ClassTimeout, Message: "handler ignored the end of its context and was abandoned"})
+	}
+	if rep, ok := errors.AsType[*RepeatRequest](r.err); ok {
+		out, err := encodeJSON(rep.Output)
+		if err != nil {
+			return fail(errorDoc{Class: ClassContractFailure, Message: err.Error()})
+		}
+		plan := &repeatPlan{delay: max(rep.Delay, 0)}
+		if rep.NextInput != nil {
+			if plan.nextInput, err = encodeJSON(rep.NextInput); err != nil {
+				return fail(errorDoc{Class: ClassContractFailure, Message: "next input: " + err.Error()})
+			}
+		}
+		return attemptOutcome{output: out, repeat: plan}
+	}
+	if r.err != nil {
+		return fail(classify(r.err, r.timedOut))
+	}
+	out, err := encodeJSON(r.output)
+	if err != nil {
+		return fail(errorDoc{Class: ClassContractFailure, Message: err.Error()})
+	}
+	o := attemptOutcome{output: out}
+	if s, ok := r.output.(OutputWithHTTPStatus); ok {
+		o.httpStatus = s.HTTPStatus()
+	}
+	return o
 }
 
 func (e *Executor) fail(ctx context.Context, log *slog.Logger, step *Step, d errorDoc) error {
@@ -353,7 +413,8 @@ type errorDoc struct {
 }
 
 // classify turns a handler error into the error document: a classified *Error keeps its class; an unclassified
-// error is transient, or timeout when the step's deadline passed.
+// error is transient, or timeout when the step's deadline passed. An *Error asking for a negative RetryAfter is
+// a `contract_failure` whose message names the value and keeps the handler's class and message.
 func classify(err error, timedOut bool) errorDoc {
 	d := errorDoc{Class: ClassTransient, Message: err.Error()}
 	if timedOut {
@@ -365,8 +426,15 @@ func classify(err error, timedOut bool) errorDoc {
 			d.Message = e.Err.Error()
 		}
 		d.Code, d.HTTPStatus = e.Code, e.HTTPStatus
-		if e.RetryAfter != nil {
-			ms := max(e.RetryAfter.Milliseconds(), 0)
+		switch {
+		case e.RetryAfter != nil && *e.RetryAfter < 0:
+			// SPEC §4: a requested delay must be >= 0; a negative one is bad input from the handler, recorded
+			// as such with everything the handler said.
+			d.Message = fmt.Sprintf("handler requested a negative retry delay (%s); a delay must be >= 0. "+
+				"The handler's error (class %s): %s", *e.RetryAfter, d.Class, d.Message)
+			d.Class = ClassContractFailure
+		case e.RetryAfter != nil:
+			ms := e.RetryAfter.Milliseconds()
 			d.RetryAfterMS = &ms
 		}
 		if e.NotRetryable {

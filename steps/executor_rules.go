@@ -29,41 +29,67 @@ func hasRules(doc json.RawMessage) bool {
 	return len(doc) > 0 && s != "null" && s != "[]"
 }
 
-// recordWithRules evaluates the step's outcome rules (SPEC §8) on the attempt's outcome and records the decision
-// and the policy.evaluated event in one transaction. A rules document that does not compile (it can only arrive
-// through plain SQL: every Go entry point validates) fails the step as `deterministic`, never retried; a rule
-// that errors while evaluating is a `contract_failure`.
-func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *Step, r result) error {
-	prog, err := rules.Compile(step.Rules)
+// failUncompiledRules records the failure of an attempt whose step's rules do not compile (they can only arrive
+// through plain SQL: every Go entry point validates). The handler has not run. The failure is `deterministic`
+// and not retryable, and its message is the one rules.Validate gives for the same document when a task is
+// created, `steps[i] "name": rules[j].when: <CEL message>`, with i the step's position in its task.
+func (e *Executor) failUncompiledRules(ctx context.Context, log *slog.Logger, step *Step, compileErr error) error {
+	pos, err := store.StepPosition(ctx, e.Pool, step.ID)
 	if err != nil {
-		no := false
-		return e.fail(ctx, log, step, errorDoc{Class: ClassDeterministic, Message: "step rules: " + err.Error(), Retryable: &no})
+		return err
 	}
-	var doc *errorDoc
-	var out json.RawMessage
-	if r.err != nil {
-		d := classify(r.err, r.timedOut)
-		doc = &d
-	} else if out, err = encodeJSON(r.output); err != nil {
-		return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: err.Error()})
+	var msg string
+	if ce, ok := errors.AsType[*rules.CompileError](compileErr); ok {
+		msg = (&rules.StepError{StepIndex: pos, Step: step.Name, Err: ce}).Error()
+	} else {
+		msg = fmt.Sprintf("steps[%d] %q: rules: %v", pos, step.Name, compileErr)
 	}
-	outcome := rules.Outcome{Result: out, Input: step.Input, Context: step.Context, Attempt: step.Attempt,
-		Iteration: step.Iteration}
-	if doc != nil {
-		outcome.Error = &rules.OutcomeError{Class: doc.Class, Message: doc.Message, Code: doc.Code}
-		outcome.HTTPStatus = doc.HTTPStatus
-	} else if s, ok := r.output.(OutputWithHTTPStatus); ok {
-		outcome.HTTPStatus = s.HTTPStatus()
+	no := false
+	log.Warn("executor: step rules do not compile; the handler was not run", slog.String("error", msg))
+	return e.fail(ctx, log, step, errorDoc{Class: ClassDeterministic, Message: msg, Retryable: &no})
+}
+
+// recordWithRules evaluates the step's outcome rules (SPEC §8) on the attempt's outcome, whatever it came to
+// (success, repetition, handler error, timeout, abandoned handler, panic, unencodable output), and records the
+// decision and the policy.evaluated event in one transaction. A rule that errors while evaluating is a
+// `contract_failure` that keeps the attempt's own error in its message.
+//
+// When the handler returned steps.Repeat the rules see an ok outcome whose result is the iteration's output; a
+// matching rule decides instead of the handler (break or continue complete the step, retry and fail fail the
+// attempt, a repeat rule uses its delay_ms and its next_input, or the handler's next input when it has none),
+// and when no rule matches the handler's repetition applies.
+func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program,
+	o attemptOutcome) error {
+	outcome := rules.Outcome{Result: o.output, Input: step.Input, Context: step.Context, Attempt: step.Attempt,
+		Iteration: step.Iteration, HTTPStatus: o.httpStatus}
+	if d := o.failure; d != nil {
+		outcome.Error = &rules.OutcomeError{Class: d.Class, Message: d.Message, Code: d.Code}
+		outcome.HTTPStatus = d.HTTPStatus
 	}
 	dec, err := prog.Evaluate(ctx, outcome)
 	if err != nil {
-		var evalErr *rules.EvalError
-		if errors.As(err, &evalErr) {
-			return e.fail(ctx, log, step, errorDoc{Class: ClassContractFailure, Message: "step rules: " + err.Error()})
+		if _, ok := errors.AsType[*rules.EvalError](err); !ok {
+			return err
 		}
-		return err
+		d := errorDoc{Class: ClassContractFailure, Message: "step rules: " + err.Error()}
+		if f := o.failure; f != nil {
+			// Nothing of the attempt's own failure is lost: its class and message follow, its stack is kept.
+			d.Message += fmt.Sprintf(" (the attempt had failed with class %s: %s)", f.Class, f.Message)
+			d.Stack = f.Stack
+		}
+		return e.fail(ctx, log, step, d)
 	}
-	details, err := json.Marshal(dec.EventDetails())
+	if !dec.Matched() && o.repeat != nil {
+		dec = rules.Decision{Kind: rules.Repeat, RuleIndex: -1, NextInput: o.repeat.nextInput, Delay: o.repeat.delay}
+	}
+	if dec.Kind == rules.Repeat && dec.NextInput == nil && o.repeat != nil {
+		dec.NextInput = o.repeat.nextInput
+	}
+	event := dec.EventDetails()
+	if o.repeat != nil {
+		event["handler_repeat"] = true
+	}
+	details, err := json.Marshal(event)
 	if err != nil {
 		return fmt.Errorf("steps: encode policy decision: %w", err)
 	}
@@ -75,7 +101,7 @@ func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *
 			}
 			return err
 		}
-		return e.applyDecision(ctx, tx, log, step, dec, doc, out)
+		return e.applyDecision(ctx, tx, log, step, dec, o.failure, o.output)
 	})
 }
 

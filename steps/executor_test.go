@@ -98,6 +98,11 @@ func TestExecutorOutcomes(t *testing.T) {
 			var v struct{ N int }
 			return nil, s.DecodeInput(&v)
 		}, stepRow{State: "error", Class: "permanent", Attempts: 1}},
+		{"negative requested delay", ``, func(context.Context, *steps.Step) (any, error) {
+			return nil, steps.FailAfter(steps.ClassRateLimited, errors.New("warehouse busy"), -1500*time.Millisecond)
+		}, stepRow{State: "waiting_for_retry", Class: "contract_failure", Attempts: 1,
+			Message: "handler requested a negative retry delay (-1.5s); a delay must be >= 0. " +
+				"The handler's error (class rate_limited): warehouse busy"}},
 		{"unencodable output", ``, func(context.Context, *steps.Step) (any, error) { return make(chan int), nil },
 			stepRow{State: "waiting_for_retry", Class: "contract_failure", Attempts: 1}},
 	}
@@ -211,3 +216,43 @@ func TestExecutorSkipsAStepNoLongerEnqueued(t *testing.T) {
 }
 
 func ptr(s string) *string { return &s }
+
+// SPEC §4: a requested delay must be >= 0. A negative one is recorded as a contract_failure that names the value
+// and keeps everything the handler said (class and message in the message, code and HTTP status as they are);
+// the retry then follows the step's backoff, not the bad value.
+func TestExecutorRecordsANegativeRequestedDelayAsAContractFailure(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		name  string
+		delay time.Duration
+		want  string
+	}{
+		{"negative milliseconds", -250 * time.Millisecond, "(-250ms)"},
+		{"less than a millisecond below zero", -time.Nanosecond, "(-1ns)"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := execSetup(t)
+			b.reg.MustRegister("h", steps.HandlerFunc(func(context.Context, *steps.Step) (any, error) {
+				return nil, &steps.Error{Class: "quota_exceeded", Code: "429", HTTPStatus: 429, RetryAfter: &tc.delay,
+					Err: errors.New("slow down")}
+			}))
+			c := b.claimOne(t, "h", `"retry": {"backoff": "fixed", "base_delay_ms": 77, "jitter": 0}`)
+			b.exec.Run(context.Background(), c, time.Now())
+			var doc map[string]any
+			var delay int64
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT s.last_error,
+				(SELECT (details ->> 'delay_ms')::bigint FROM stepready.step_events e
+				  WHERE e.step_id = s.id AND e.event = 'retry.scheduled')
+				FROM stepready.steps s WHERE s.id = $1`, c.StepID).Scan(&doc, &delay))
+			require.Equal(t, "contract_failure", doc["class"])
+			require.Equal(t, "handler requested a negative retry delay "+tc.want+"; a delay must be >= 0. "+
+				"The handler's error (class quota_exceeded): slow down", doc["message"])
+			require.Equal(t, "429", doc["code"])
+			require.Equal(t, float64(429), doc["http_status"])
+			require.NotContains(t, doc, "retry_after_ms", "the bad value is not used")
+			require.Equal(t, int64(77), delay, "the step's own backoff")
+		})
+	}
+}

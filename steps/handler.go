@@ -68,6 +68,9 @@ func (e *InputError) Unwrap() error { return e.Err }
 // becomes JSON null). Return an error to fail the attempt: a plain error is a `transient` failure, retried under
 // the step's retry policy; wrap it with Fail, FailAfter or Permanent to choose the failure class or the delay.
 // Return Repeat(…) to finish this iteration successfully and run the step again (polling, pagination).
+// Whatever the handler returns, a step with outcome rules (SPEC §8) has them evaluated on the outcome before
+// anything is recorded, panics and abandoned attempts included; rules that do not compile fail the attempt
+// before the handler is called.
 //
 // The context is cancelled at the step's timeout (the failure is then of class `timeout`) and when the daemon
 // shuts down (the attempt is then handed back uncharged). A handler must return promptly once its context is

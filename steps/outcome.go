@@ -32,7 +32,8 @@ type Error struct {
 	// HTTPStatus is the HTTP status of the failed call, when there was one.
 	HTTPStatus int
 	// RetryAfter, when set, is the exact delay before the next attempt (a server's Retry-After, say). It is used
-	// as is: no backoff, no jitter, no cap. It must not be negative.
+	// as is: no backoff, no jitter, no cap. It must not be negative (SPEC §4): a negative delay is bad input, and
+	// the attempt is recorded as a `contract_failure` whose message names the value and keeps Class and Err.
 	RetryAfter *time.Duration
 	// NotRetryable forces the failure to be final whatever the class says.
 	NotRetryable bool
@@ -63,6 +64,7 @@ func (e *Error) class() string {
 func Fail(class string, err error) error { return &Error{Class: class, Err: err} }
 
 // FailAfter classifies err and asks for the next attempt exactly after d (for example a server's Retry-After).
+// d must be >= 0: a negative d is recorded as a `contract_failure` naming d, with class and err in its message.
 func FailAfter(class string, err error, d time.Duration) error {
 	return &Error{Class: class, Err: err, RetryAfter: &d}
 }
@@ -71,7 +73,9 @@ func FailAfter(class string, err error, d time.Duration) error {
 func Permanent(err error) error { return &Error{Class: ClassPermanent, Err: err} }
 
 // RepeatRequest is returned (as an error value) by Repeat: the attempt succeeded with Output and the step runs
-// again after Delay with NextInput (nil keeps the current input). It is control flow, not a failure.
+// again after Delay with NextInput (nil keeps the current input). It is control flow, not a failure. A step with
+// outcome rules evaluates them first, on an ok outcome whose result is Output: a matching rule decides instead
+// (break, fail, …), and the repetition applies when none matches.
 type RepeatRequest struct {
 	// Output is this iteration's output, collected per the step's collect mode.
 	Output any
