@@ -89,6 +89,11 @@ func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *
 	if o.repeat != nil {
 		event["handler_repeat"] = true
 	}
+	if o.failure != nil {
+		// The attempt's failure as the rules saw it. A decision that completes or repeats the step records no
+		// failure; this keeps its class, message and stack (a panic's) in the step's history all the same.
+		event["error"] = o.failure
+	}
 	details, err := json.Marshal(event)
 	if err != nil {
 		return fmt.Errorf("steps: encode policy decision: %w", err)

@@ -464,7 +464,8 @@ func TestPolicyEvaluatedEventDetails(t *testing.T) {
 	require.Equal(t, "outcome.status == 'error' && outcome.http.status in [429, 503]", rule)
 	require.Equal(t, "retry", decision)
 	require.JSONEq(t, `{"matched": true, "rule_index": 1, "rule": "outcome.status == 'error' && outcome.http.status in [429, 503]",
-		"decision": "retry", "retry": {"max_attempts": 7, "backoff": "fixed", "base_delay_ms": 42}}`, string(details))
+		"decision": "retry", "retry": {"max_attempts": 7, "backoff": "fixed", "base_delay_ms": 42},
+		"error": {"class": "transient", "message": "service unavailable", "http_status": 503}}`, string(details))
 
 	// The failure names the same rule.
 	lastErr := b.lastError(t, c.StepID)
