@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 
+	"cel.dev/cel-go/cel"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready"
@@ -19,21 +21,32 @@ func TestCreateTaskValidatesRulesBeforeWriting(t *testing.T) {
 	db := pgtest.New(t)
 	ctx := context.Background()
 	cases := []struct {
-		name, def, msg string
+		name, def string
+		want      []string // each must be in the error: the step, the rule index and field, CEL's own message
 	}{
 		{"bad CEL", `{"name": "t", "steps": [{"name": "a", "handler": "h"}, {"name": "fetch", "handler": "h",
 			"rules": [{"when": "true", "then": {"do": "break"}}, {"when": "outcome.nope ==", "then": {"do": "fail"}}]}]}`,
-			`steps[1] "fetch": rules[1].when`},
+			[]string{`steps[1] "fetch": rules[1].when: ` + celMessage(t, "outcome.nope =="),
+				"Syntax error: mismatched input '<EOF>'"}},
+		{"undeclared variable", `{"name": "t", "steps": [{"name": "a", "handler": "h",
+			"rules": [{"when": "outcome.status == 'ok'", "then": {"do": "break"}}, {"when": "nope > 1", "then": {"do": "fail"}}]}]}`,
+			[]string{`steps[0] "a": rules[1].when: ` + celMessage(t, "nope > 1"), "undeclared reference to 'nope'"}},
 		{"non-bool when", `{"name": "t", "steps": [{"name": "a", "handler": "h",
-			"rules": [{"when": "attempt + 1", "then": {"do": "fail"}}]}]}`, `steps[0] "a": rules[0].when`},
+			"rules": [{"when": "attempt + 1", "then": {"do": "fail"}}]}]}`,
+			[]string{`steps[0] "a": rules[0].when: must evaluate to a bool, but "attempt + 1" has type int`}},
+		{"unknown action", `{"name": "t", "steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h",
+			"rules": [{"when": "true", "then": {"do": "retry"}}, {"when": "false", "then": {"do": "explode"}}]}]}`,
+			[]string{`steps[1] "b": rules[1].then.do: must be one of retry, fail, continue, repeat, break, got "explode"`}},
 		{"SQL validation", `{"name": "t", "steps": [{"name": "a", "handler": "h", "depends_on": ["zz"]}]}`,
-			`steps[0] "a": depends_on: unknown step "zz"`},
+			[]string{`steps[0] "a": depends_on: unknown step "zz"`}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := stepready.CreateTask(ctx, db.Pool, []byte(tc.def))
 			require.ErrorIs(t, err, stepready.ErrInvalidDefinition)
-			require.Contains(t, err.Error(), tc.msg)
+			for _, want := range tc.want {
+				require.Contains(t, err.Error(), want)
+			}
 		})
 	}
 	var n int
@@ -45,4 +58,15 @@ func TestCreateTaskValidatesRulesBeforeWriting(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, id)
 	require.False(t, errors.Is(err, stepready.ErrInvalidDefinition))
+}
+
+// celMessage is CEL's own message for an expression that does not compile in an environment without
+// declarations: a syntax error or an undeclared reference reads the same in stepready's environment.
+func celMessage(t *testing.T, expr string) string {
+	t.Helper()
+	env, err := cel.NewEnv()
+	require.NoError(t, err)
+	_, iss := env.Compile(expr)
+	require.Error(t, iss.Err())
+	return strings.TrimSpace(iss.Err().Error())
 }

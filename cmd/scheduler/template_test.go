@@ -113,6 +113,13 @@ func TestTemplateValidationErrors(t *testing.T) {
 		{"malformed YAML", "name: d\nsteps: [\n", "bad.yaml: [2:8] sequence end token ']' not found\n   1 | name: d\n>  2 | steps: [\n              ^\n"},
 		{"bad CEL", "name: d\nsteps:\n  - name: a\n    handler: noop\n    rules:\n      - {when: 'outcome.status ==', then: {do: retry}}\n",
 			`bad.yaml: steps[0] "a": rules[0].when: ERROR: <input>:1:18: Syntax error: mismatched input '<EOF>'`},
+		{"non-bool when", "name: d\nsteps:\n  - {name: a, handler: noop}\n  - name: b\n    handler: noop\n    rules:\n" +
+			"      - {when: \"outcome.status == 'ok'\", then: {do: break}}\n      - {when: 'attempt + 1', then: {do: fail}}\n",
+			`bad.yaml: steps[1] "b": rules[1].when: must evaluate to a bool, but "attempt + 1" has type int`},
+		{"unknown action", "name: d\nsteps:\n  - name: a\n    handler: noop\n    rules:\n      - {when: 'true', then: {do: explode}}\n",
+			`bad.yaml: steps[0] "a": rules[0].then.do: must be one of retry, fail, continue, repeat, break, got "explode"`},
+		{"undeclared variable", "name: d\nsteps:\n  - name: a\n    handler: noop\n    rules:\n      - {when: 'nope > 1', then: {do: fail}}\n",
+			`bad.yaml: steps[0] "a": rules[0].when: ERROR: <input>:1:1: undeclared reference to 'nope'`},
 		{"duplicate key", "name: d\nname: e\nsteps: []\n", `bad.yaml: [2:1] mapping key "name" already defined at [1:1]`},
 	}
 	for _, tt := range tests {
