@@ -61,7 +61,8 @@ BEGIN
     ELSIF TG_TABLE_NAME = 'tasks' THEN
         DELETE FROM stepready.step_events WHERE task_id IN (SELECT g.id FROM gone g);
     ELSE
-        DELETE FROM stepready.step_events WHERE step_id IN (SELECT g.id FROM gone g);
+        -- By task and step: step_events is indexed by task only (a step's events are always read with its task).
+        DELETE FROM stepready.step_events e USING gone g WHERE e.task_id = g.task_id AND e.step_id = g.id;
     END IF;
     RETURN NULL;
 END;

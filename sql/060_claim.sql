@@ -128,6 +128,7 @@ BEGIN
     ), claimed AS (
         UPDATE stepready.steps s
            SET state = 'enqueued',
+               updated_at = now(),
                lease_owner = p_worker,
                lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
           FROM picked p
@@ -193,6 +194,7 @@ BEGIN
            SET state = 'in_progress',
                attempts = s.attempts + 1,
                last_attempted_at = p_as_of,
+               updated_at = now(),
                lease_owner = p_worker,
                lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
           FROM picked p

@@ -103,6 +103,7 @@ BEGIN
                SET state = 'in_progress',
                    attempts = s.attempts + 1,
                    last_attempted_at = p_as_of,
+                   updated_at = now(),
                    lease_owner = p_worker,
                    lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
              WHERE s.id = ANY (v_start)
@@ -190,7 +191,10 @@ BEGIN
            SET state = 'complete',
                output = stepready._collect(s.collect, s.output, u.output, s.iteration, s.id),
                completed_at = p_as_of,
-               next_attempt_at = NULL
+               next_attempt_at = NULL,
+               updated_at = now(),
+               lease_owner = NULL,
+               lease_expires_at = NULL
           FROM (SELECT x.id, x.attempt, x.output FROM unnest(p_step_ids, p_attempts, p_outputs) AS x(id, attempt, output)
                  ORDER BY x.id) AS u
          -- IS TRUE keeps the planner off the partial lease index (see start_steps): the lookup is by id.

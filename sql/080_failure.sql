@@ -139,6 +139,9 @@ BEGIN
                                         AND NOT stepready.retry_eligible(x.attempts, s.max_attempts, x.s_retryable)
                                    THEN x.attempts + 1 ELSE s.max_attempts END,
                completed_at = CASE WHEN x.why IS NOT NULL THEN p_as_of END,
+               updated_at = now(),
+               lease_owner = NULL,
+               lease_expires_at = NULL,
                last_error = x.err || jsonb_build_object('reason', x.why, 'attempt', x.attempts, 'at', p_as_of),
                breaker_fingerprint = x.fp,
                breaker_count = x.streak_count
