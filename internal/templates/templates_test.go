@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"os"
+	"strings"
 	"testing"
 	"testing/fstest"
 
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready/examples"
+	"github.com/stepready/stepready/rules"
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
 
@@ -82,14 +84,25 @@ func FuzzParse(f *testing.F) {
 		"- 1\n", "a: &x {b: *x}\n", "name: x\n---\n", "{name: \"\\u00e9\", n: 1e400}"} {
 		f.Add([]byte(seed))
 	}
+	// More seeds (valid and invalid YAML, bad CEL, dependency and alias cycles, huge numbers) are committed in
+	// testdata/fuzz/FuzzParse.
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// A task file (scheduler task create -f) goes through the same decoder: it never panics either, and
+		// every error names the file.
+		if _, err := ParseDefinition("fuzz.yaml", data); err != nil {
+			require.True(t, strings.HasPrefix(err.Error(), "fuzz.yaml: "), "the error names the file: %v", err)
+		}
 		tmpl, err := Parse("fuzz.yaml", data)
 		if err != nil {
+			require.True(t, strings.HasPrefix(err.Error(), "fuzz.yaml: "), "the error names the file: %v", err)
 			return
 		}
 		var def map[string]any
 		require.NoError(t, json.Unmarshal(tmpl.Definition, &def), "the definition is a JSON object")
 		require.Equal(t, tmpl.Name, def["name"])
+		require.NotContains(t, def, "version", "the version is not part of the definition")
+		require.GreaterOrEqual(t, tmpl.Version, 1)
+		require.NoError(t, rules.Validate(tmpl.Definition), "an accepted template's rules compile")
 	})
 }
 
