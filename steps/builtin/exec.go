@@ -63,11 +63,8 @@ type execHandler struct{}
 
 // Handle implements steps.Handler.
 func (h *execHandler) Handle(ctx context.Context, step *steps.Step) (any, error) {
-	var in execInput
-	if err := decodeInput(step, &in); err != nil {
-		return nil, err
-	}
-	if err := validateExecInput(step, &in); err != nil {
+	in, err := decodeExecInput(step)
+	if err != nil {
 		return nil, err
 	}
 
@@ -115,6 +112,16 @@ func (h *execHandler) Handle(ctx context.Context, step *steps.Step) (any, error)
 		msg += ": " + tail
 	}
 	return nil, &steps.Error{Class: steps.ClassTransient, Code: strconv.Itoa(out.ExitCode), Err: errors.New(msg)}
+}
+
+// decodeExecInput decodes and checks the input of the `exec` handler, starting nothing; a bad input is a
+// permanent error naming the field.
+func decodeExecInput(step *steps.Step) (execInput, error) {
+	var in execInput
+	if err := decodeInput(step, &in); err != nil {
+		return in, err
+	}
+	return in, validateExecInput(step, &in)
 }
 
 // validateExecInput checks what the operating system would refuse with a less clear error. All of it is

@@ -27,17 +27,27 @@ type failOutput struct {
 	Attempts int `json:"attempts"`
 }
 
-// handleFail is the `fail` handler: it fails the first input.times attempts, then succeeds.
-func handleFail(_ context.Context, step *steps.Step) (any, error) {
+// decodeFailInput decodes and checks the input of the `fail` handler; a bad input is a permanent error naming
+// the field.
+func decodeFailInput(step *steps.Step) (failInput, error) {
 	var in failInput
 	if err := decodeInput(step, &in); err != nil {
-		return nil, err
+		return in, err
 	}
 	if in.Times < 0 {
-		return nil, badInput(step, "times", "must be ≥ 0, got %d", in.Times)
+		return in, badInput(step, "times", "must be ≥ 0, got %d", in.Times)
 	}
 	if in.RetryAfterMS != nil && (*in.RetryAfterMS < 0 || *in.RetryAfterMS > maxSleepMS) {
-		return nil, badInput(step, "retry_after_ms", "must be between 0 and %d, got %d", maxSleepMS, *in.RetryAfterMS)
+		return in, badInput(step, "retry_after_ms", "must be between 0 and %d, got %d", maxSleepMS, *in.RetryAfterMS)
+	}
+	return in, nil
+}
+
+// handleFail is the `fail` handler: it fails the first input.times attempts, then succeeds.
+func handleFail(_ context.Context, step *steps.Step) (any, error) {
+	in, err := decodeFailInput(step)
+	if err != nil {
+		return nil, err
 	}
 
 	if step.Attempt > in.Times {

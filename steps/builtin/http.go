@@ -82,11 +82,7 @@ func newHTTPHandler(client *http.Client) *httpHandler {
 
 // Handle implements steps.Handler.
 func (h *httpHandler) Handle(ctx context.Context, step *steps.Step) (any, error) {
-	var in httpInput
-	if err := decodeInput(step, &in); err != nil {
-		return nil, err
-	}
-	req, err := h.newRequest(ctx, step, &in)
+	in, req, err := h.decodeRequest(ctx, step)
 	if err != nil {
 		return nil, err
 	}
@@ -122,6 +118,17 @@ func (h *httpHandler) Handle(ctx context.Context, step *steps.Step) (any, error)
 		}
 	}
 	return httpOutput{Status: resp.StatusCode, Headers: headers, Body: responseBody(resp.Header, body)}, nil
+}
+
+// decodeRequest decodes the step's input and builds the request it describes, sending nothing; a bad input is a
+// permanent error naming the field.
+func (h *httpHandler) decodeRequest(ctx context.Context, step *steps.Step) (httpInput, *http.Request, error) {
+	var in httpInput
+	if err := decodeInput(step, &in); err != nil {
+		return in, nil, err
+	}
+	req, err := h.newRequest(ctx, step, &in)
+	return in, req, err
 }
 
 // newRequest validates the input and builds the request; every failure is a permanent error naming the field.

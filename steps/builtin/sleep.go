@@ -23,19 +23,29 @@ type sleepOutput struct {
 // maxSleepMS is the longest sleep a time.Duration can express, in milliseconds.
 const maxSleepMS = math.MaxInt64 / int64(time.Millisecond)
 
-// handleSleep is the `sleep` handler: it waits input.ms milliseconds, or until its context is done.
-func handleSleep(ctx context.Context, step *steps.Step) (any, error) {
+// decodeSleepInput decodes and checks the input of the `sleep` handler; a bad input is a permanent error naming
+// the field.
+func decodeSleepInput(step *steps.Step) (sleepInput, error) {
 	var in sleepInput
 	if err := decodeInput(step, &in); err != nil {
-		return nil, err
+		return in, err
 	}
 	switch {
 	case in.MS == nil:
-		return nil, badInput(step, "ms", "required (milliseconds to sleep, ≥ 0)")
+		return in, badInput(step, "ms", "required (milliseconds to sleep, ≥ 0)")
 	case *in.MS < 0:
-		return nil, badInput(step, "ms", "must be ≥ 0, got %d", *in.MS)
+		return in, badInput(step, "ms", "must be ≥ 0, got %d", *in.MS)
 	case *in.MS > maxSleepMS:
-		return nil, badInput(step, "ms", "must be ≤ %d, got %d", maxSleepMS, *in.MS)
+		return in, badInput(step, "ms", "must be ≤ %d, got %d", maxSleepMS, *in.MS)
+	}
+	return in, nil
+}
+
+// handleSleep is the `sleep` handler: it waits input.ms milliseconds, or until its context is done.
+func handleSleep(ctx context.Context, step *steps.Step) (any, error) {
+	in, err := decodeSleepInput(step)
+	if err != nil {
+		return nil, err
 	}
 
 	timer := time.NewTimer(time.Duration(*in.MS) * time.Millisecond)

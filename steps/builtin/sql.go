@@ -51,27 +51,37 @@ type sqlHandler struct {
 
 // Handle implements steps.Handler.
 func (h *sqlHandler) Handle(ctx context.Context, step *steps.Step) (any, error) {
-	var in sqlInput
-	if err := decodeInput(step, &in); err != nil {
+	query, args, err := decodeSQLInput(step)
+	if err != nil {
 		return nil, err
 	}
+
+	out, err := h.query(ctx, query, args)
+	if err != nil {
+		return nil, classifySQLError(ctx, err)
+	}
+	return out, nil
+}
+
+// decodeSQLInput decodes the input of the `sql` handler into the statement and its parameters (see sqlArg); a
+// bad input is a permanent error naming the field.
+func decodeSQLInput(step *steps.Step) (string, []any, error) {
+	var in sqlInput
+	if err := decodeInput(step, &in); err != nil {
+		return "", nil, err
+	}
 	if in.Query == "" {
-		return nil, badInput(step, "query", "required")
+		return "", nil, badInput(step, "query", "required")
 	}
 	args := make([]any, len(in.Args))
 	for i, raw := range in.Args {
 		arg, err := sqlArg(raw)
 		if err != nil {
-			return nil, badInput(step, fmt.Sprintf("args[%d]", i), "%v", err)
+			return "", nil, badInput(step, fmt.Sprintf("args[%d]", i), "%v", err)
 		}
 		args[i] = arg
 	}
-
-	out, err := h.query(ctx, in.Query, args)
-	if err != nil {
-		return nil, classifySQLError(ctx, err)
-	}
-	return out, nil
+	return in.Query, args, nil
 }
 
 // query runs the statement and collects its rows.
