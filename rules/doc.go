@@ -58,7 +58,8 @@
 // Compile returns a *CompileError (`rules[1].when: <CEL message>`); Validate wraps it per step in a *StepError
 // (`steps[2] "fetch": rules[1].when: …`). A rule that compiles but fails while running is an *EvalError, which
 // the executor records as a failure of class `contract_failure`. A document that reaches the daemon without
-// having been validated (plain SQL inserts) and does not compile fails its step with class `deterministic`.
+// having been validated (plain SQL inserts) and does not compile fails its step with class `deterministic`
+// before the handler runs, with the *StepError message Validate gives for the same rules.
 //
 // # Bounds
 //

@@ -7,7 +7,8 @@ import (
 
 // CompileError reports a rules document that does not parse or a rule whose CEL expression does not compile or
 // type-check. Compile and Validate return it (Validate wraps it in a *StepError); a daemon that meets it at run
-// time (rules inserted by plain SQL) records the step's failure with class `deterministic` and this message.
+// time (rules inserted by plain SQL) records the step's failure with class `deterministic`, without running the
+// handler, and this message inside a *StepError (`steps[i] "name": …`), as Validate reports it.
 type CompileError struct {
 	// Index is the 0-based position of the offending rule, or -1 when the document as a whole is wrong (not a
 	// JSON array, too many rules).
