@@ -1,10 +1,12 @@
 package readiness
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -47,7 +49,16 @@ type RiverConfig struct {
 	Logger *slog.Logger
 	// Metrics records claims (nil: none).
 	Metrics *metrics.Metrics
+
+	// fetchCooldown overrides River's FetchCooldown (tests only; zero: fetchCooldownDefault).
+	fetchCooldown time.Duration
 }
+
+// fetchCooldownDefault is River's FetchCooldown for the dispatcher's client: the least time between two fetches
+// of one queue (River's minimum). A notified producer fetches at once unless it fetched less than this ago, in
+// which case it fetches when the cooldown ends: the cooldown is added to a hand-off between steps whose jobs are
+// inserted in quick succession, so it is kept as short as River allows.
+const fetchCooldownDefault = time.Millisecond
 
 // River dispatches claimed steps as River jobs, inserted with InsertManyTx in the claim's transaction: a claim
 // without its job (or the reverse) is never committed. Its River client also works the jobs of its queues,
@@ -75,6 +86,7 @@ func NewRiver(cfg RiverConfig) (*River, error) {
 	for _, q := range cfg.Queues {
 		queues[q] = river.QueueConfig{MaxWorkers: cfg.Concurrency}
 	}
+	cooldown := cmp.Or(cfg.fetchCooldown, fetchCooldownDefault)
 	client, err := river.NewClient(riverpgxv5.New(cfg.Pool), &river.Config{
 		Queues:        queues,
 		Workers:       workers,
@@ -82,7 +94,9 @@ func NewRiver(cfg RiverConfig) (*River, error) {
 		JobTimeout:    -1, // the executor enforces each step's own timeout
 		MaxAttempts:   1,
 		PollOnly:      cfg.PollOnly,
-		FetchCooldown: 5 * time.Millisecond,
+		FetchCooldown: cooldown,
+		// River refuses a poll interval shorter than the cooldown (only a test's cooldown is that long).
+		FetchPollInterval: max(cooldown, river.FetchPollIntervalDefault),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("readiness: river client: %w", err)
@@ -118,14 +132,12 @@ func (r *River) Dispatch(ctx context.Context, limit int) (int, store.NextDue, er
 	var n int
 	var due store.NextDue
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		var err error
-		if due.At, due.DBNow, err = store.NextClaimAt(ctx, tx); err != nil {
-			return err
-		}
-		claimed, err := store.ClaimReadySteps(ctx, tx, limit, r.cfg.Executor.Worker, r.cfg.Executor.Lease)
+		claimed, nextDue, err := store.ClaimReadyStepsNextDue(ctx, tx, limit, r.cfg.Executor.Worker, r.cfg.Executor.Lease)
 		if err != nil || len(claimed) == 0 {
+			due = nextDue
 			return err
 		}
+		due = nextDue
 		now := time.Now()
 		params := make([]river.InsertManyParams, len(claimed))
 		for i, c := range claimed {
@@ -136,7 +148,7 @@ func (r *River) Dispatch(ctx context.Context, limit int) (int, store.NextDue, er
 		if err != nil {
 			return fmt.Errorf("readiness: insert river jobs: %w", err)
 		}
-		if err := restampJobs(ctx, tx, res); err != nil {
+		if err := r.settleJobs(ctx, tx, claimed, res); err != nil {
 			return err
 		}
 		n = len(claimed)
@@ -194,19 +206,42 @@ func (w *riverWorker) Work(ctx context.Context, job *river.Job[StepJobArgs]) err
 	return nil
 }
 
-// restampJobs gives the jobs just inserted the database's time as scheduled_at where River stamped a later one.
-// River's driver fills scheduled_at from this process's clock, and River only fetches a job once the database's
-// now() reaches it: were this clock ahead of the database's, each step would wait out the difference (an hour of
-// skew, an hour of waiting). Time is the database's (RELIABILITY #7), so the insert is corrected in the same
-// transaction. clock_timestamp() (not now(), the older transaction start) keeps this a no-op on agreeing clocks.
-func restampJobs(ctx context.Context, tx pgx.Tx, res []*rivertype.JobInsertResult) error {
+// settleJobs finishes the insert of the claimed steps' jobs, in one statement of the claim's transaction:
+//
+//   - It gives the jobs the database's time as scheduled_at where River stamped a later one. River's driver fills
+//     scheduled_at from this process's clock, and River only fetches a job once the database's now() reaches it:
+//     were this clock ahead of the database's, each step would wait out the difference (an hour of skew, an hour
+//     of waiting). Time is the database's (RELIABILITY #7). clock_timestamp() (not now(), the older transaction
+//     start) keeps this a no-op on agreeing clocks.
+//   - Unless the dispatcher polls only, it announces the jobs of each queue to River's producers, at commit.
+//     River's client announces inserts itself, but at most once per FetchCooldown and queue: a job inserted
+//     within that window of the previous announcement would wait for a fetch poll (FetchPollInterval, a second by
+//     default), and the hand-offs of a chain of steps are a few milliseconds apart. The channel and payload are
+//     River's own insert notification, "<schema>.river_insert" on the schema its listener resolves
+//     (current_schema(), as River does when no schema is configured) with {"queue": name}, byte for byte, so
+//     PostgreSQL folds the two when River sends its own in the same transaction.
+//     TestRiverDispatchAnnouncesEveryClaim pins this against the River version of go.mod.
+func (r *River) settleJobs(ctx context.Context, tx pgx.Tx, claimed []store.ClaimedStep,
+	res []*rivertype.JobInsertResult) error {
 	ids := make([]int64, len(res))
 	for i, r := range res {
 		ids[i] = r.Job.ID
 	}
-	if _, err := tx.Exec(ctx, `UPDATE river_job SET scheduled_at = now()
-		WHERE id = ANY ($1) AND scheduled_at > clock_timestamp()`, ids); err != nil {
-		return fmt.Errorf("readiness: restamp river jobs with database time: %w", err)
+	var payloads []string
+	if !r.cfg.PollOnly {
+		for _, c := range claimed {
+			p := fmt.Sprintf("{\"queue\": %q}", c.Queue)
+			if !slices.Contains(payloads, p) {
+				payloads = append(payloads, p)
+			}
+		}
+	}
+	if _, err := tx.Exec(ctx, `WITH restamped AS (
+			UPDATE river_job SET scheduled_at = now() WHERE id = ANY ($1) AND scheduled_at > clock_timestamp()
+			RETURNING 1)
+		SELECT pg_notify(current_schema() || '.river_insert', p) FROM unnest($2::text[]) AS p`,
+		ids, payloads); err != nil {
+		return fmt.Errorf("readiness: settle river jobs (database time, announcement): %w", err)
 	}
 	return nil
 }

@@ -47,20 +47,58 @@ func ms(d time.Duration) int64 { return d.Milliseconds() }
 
 // ClaimReadySteps claims up to limit ready steps for worker with an enqueued lease.
 func ClaimReadySteps(ctx context.Context, db DBTX, limit int, worker string, lease time.Duration) ([]ClaimedStep, error) {
-	rows, err := db.Query(ctx, `SELECT step_id, task_id, name, handler, input, attempts, timeout_ms, queue
-		FROM stepready.claim_ready_steps($1, $2, $3)`, limit, worker, ms(lease))
+	rows, err := db.Query(ctx, claimReadySQL, limit, worker, ms(lease))
 	if err != nil {
 		return nil, fmt.Errorf("store: claim ready steps: %w", err)
 	}
-	claimed, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (ClaimedStep, error) {
-		var c ClaimedStep
-		err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, &c.Input, &c.Attempts, &c.TimeoutMS, &c.Queue)
-		return c, err
-	})
+	claimed, err := pgx.CollectRows(rows, scanClaimed)
 	if err != nil {
 		return nil, fmt.Errorf("store: claim ready steps: %w", err)
 	}
 	return claimed, nil
+}
+
+const claimReadySQL = `SELECT step_id, task_id, name, handler, input, attempts, timeout_ms, queue
+	FROM stepready.claim_ready_steps($1, $2, $3)`
+
+func scanClaimed(r pgx.CollectableRow) (ClaimedStep, error) {
+	var c ClaimedStep
+	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, &c.Input, &c.Attempts, &c.TimeoutMS, &c.Queue)
+	return c, err
+}
+
+// ClaimReadyStepsNextDue is ClaimReadySteps preceded, in the same round trip, by next_claim_at (see
+// ClaimAndStartStepsNextDue). Pass a transaction to keep the claim in it.
+func ClaimReadyStepsNextDue(ctx context.Context, db BatchSender, limit int, worker string, lease time.Duration) (
+	[]ClaimedStep, NextDue, error) {
+	got, due, err := claimWithNextDue(ctx, db, scanClaimed, claimReadySQL, limit, worker, ms(lease))
+	if err != nil {
+		return nil, NextDue{}, fmt.Errorf("store: claim ready steps: %w", err)
+	}
+	return got, due, nil
+}
+
+// claimWithNextDue runs next_claim_at, then the claim query, in one round trip and one transaction (a batch
+// outside a transaction is one implicit transaction): both see the same now(), and the due time is read before
+// the claim, so a step whose backoff ends after the claim's instant is in it and one that ended before is
+// claimable by the claim.
+func claimWithNextDue[T any](ctx context.Context, db BatchSender, scan pgx.RowToFunc[T], query string, args ...any) (
+	[]T, NextDue, error) {
+	var due NextDue
+	b := &pgx.Batch{}
+	b.Queue(`SELECT stepready.next_claim_at(), now()`).QueryRow(func(r pgx.Row) error {
+		return r.Scan(&due.At, &due.DBNow)
+	})
+	var got []T
+	b.Queue(query, args...).Query(func(rows pgx.Rows) error {
+		var err error
+		got, err = pgx.CollectRows(rows, scan)
+		return err
+	})
+	if err := db.SendBatch(ctx, b).Close(); err != nil {
+		return nil, NextDue{}, err
+	}
+	return got, due, nil
 }
 
 // Started is an attempt that start_step let run, with what its handler needs beyond the claim.
@@ -144,18 +182,8 @@ const claimAndStartSQL = `SELECT step_id, task_id, name, handler, input, attempt
 // backoff ends after the claim's instant is in it and one that ended before is claimable by the claim.
 func ClaimAndStartStepsNextDue(ctx context.Context, db BatchSender, limit int, worker string, lease time.Duration) (
 	[]ClaimedStarted, NextDue, error) {
-	var due NextDue
-	b := &pgx.Batch{}
-	b.Queue(`SELECT stepready.next_claim_at(), now()`).QueryRow(func(r pgx.Row) error {
-		return r.Scan(&due.At, &due.DBNow)
-	})
-	var got []ClaimedStarted
-	b.Queue(claimAndStartSQL, limit, worker, ms(lease)).Query(func(rows pgx.Rows) error {
-		var err error
-		got, err = pgx.CollectRows(rows, scanClaimedStarted)
-		return err
-	})
-	if err := db.SendBatch(ctx, b).Close(); err != nil {
+	got, due, err := claimWithNextDue(ctx, db, scanClaimedStarted, claimAndStartSQL, limit, worker, ms(lease))
+	if err != nil {
 		return nil, NextDue{}, fmt.Errorf("store: claim and start steps: %w", err)
 	}
 	return got, due, nil
