@@ -15,7 +15,12 @@ import (
 // claimTimeout bounds one claim statement of the direct dispatcher.
 const claimTimeout = time.Minute
 
-// Direct runs claimed steps in this process: one goroutine per attempt, at most Concurrency at once.
+// Direct runs claimed steps in this process: one goroutine per attempt, at most Concurrency handlers at once.
+//
+// A handler's slot is free again as soon as the handler returns, while its outcome waits for the next batch of
+// the executor's recorder: claiming the next batch then overlaps with recording the last one, so the database
+// works on both at once instead of in turn. At most twice Concurrency attempts are unrecorded at any time (handlers
+// running plus outcomes waiting), which bounds what a slow database can pile up.
 type Direct struct {
 	pool     *pgxpool.Pool
 	executor *steps.Executor
@@ -29,7 +34,8 @@ type Direct struct {
 	freed      chan struct{}
 	wg         sync.WaitGroup
 	mu         sync.Mutex
-	running    int
+	running    int // handlers running
+	unrecorded int // attempts started whose outcome is not recorded yet (running ones included)
 }
 
 // NewDirect returns a direct dispatcher running at most concurrency attempts of exec at once.
@@ -43,7 +49,7 @@ func NewDirect(pool *pgxpool.Pool, exec *steps.Executor, concurrency int, m *met
 func (d *Direct) Free(context.Context) (int, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	return max(d.conc-d.running, 0), nil
+	return max(min(d.conc-d.running, 2*d.conc-d.unrecorded), 0), nil
 }
 
 // Freed implements Dispatcher.
@@ -67,15 +73,21 @@ func (d *Direct) Dispatch(ctx context.Context, limit int) (int, store.NextDue, e
 	d.metrics.Claimed(len(claimed), time.Since(begin))
 	d.mu.Lock()
 	d.running += len(claimed)
+	d.unrecorded += len(claimed)
 	d.mu.Unlock()
 	d.executor.Reserve(len(claimed))
 	for _, c := range claimed {
 		d.wg.Add(1)
 		go func() {
 			defer d.wg.Done()
-			d.executor.RunStarted(d.work, c.ClaimedStep, c.Started)
+			d.executor.RunStarted(d.work, c.ClaimedStep, c.Started, func() {
+				d.mu.Lock()
+				d.running--
+				d.mu.Unlock()
+				signal(d.freed)
+			})
 			d.mu.Lock()
-			d.running--
+			d.unrecorded--
 			d.mu.Unlock()
 			signal(d.freed)
 		}()
@@ -97,7 +109,7 @@ func (d *Direct) Shutdown(ctx context.Context) {
 	d.cancelWork(steps.ErrShutdown)
 }
 
-// Running returns the number of attempts running now.
+// Running returns the number of handlers running now.
 func (d *Direct) Running() int {
 	d.mu.Lock()
 	defer d.mu.Unlock()

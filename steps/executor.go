@@ -93,15 +93,17 @@ func (e *Executor) Run(ctx context.Context, c store.ClaimedStep, claimedAt time.
 		e.Metrics.Started(0)
 	}
 	e.Reserve(1)
-	e.run(ctx, log, c, st)
+	e.run(ctx, log, c, st, nil)
 }
 
 // RunStarted executes an attempt that is already started (claim_and_start_steps): the handler, then the
 // outcome, exactly as Run does after its start. Like Run it returns when the outcome is recorded. The caller has
-// counted it with Reserve.
-func (e *Executor) RunStarted(ctx context.Context, c store.ClaimedStep, st store.Started) {
+// counted it with Reserve. handlerDone, when not nil, is called once as soon as the handler has returned (or
+// when it will not run), before the outcome is recorded: a dispatcher can hand the handler's slot to the next
+// attempt while this outcome waits for its batch.
+func (e *Executor) RunStarted(ctx context.Context, c store.ClaimedStep, st store.Started, handlerDone func()) {
 	e.Metrics.Started(0)
-	e.run(ctx, e.stepLogger(c), c, st)
+	e.run(ctx, e.stepLogger(c), c, st, handlerDone)
 }
 
 func (e *Executor) stepLogger(c store.ClaimedStep) *slog.Logger {
@@ -117,8 +119,12 @@ func (e *Executor) Reserve(n int) {
 	}
 }
 
-func (e *Executor) run(ctx context.Context, log *slog.Logger, c store.ClaimedStep, st store.Started) {
+func (e *Executor) run(ctx context.Context, log *slog.Logger, c store.ClaimedStep, st store.Started,
+	handlerDone func()) {
 	dbCtx := context.WithoutCancel(ctx)
+	if handlerDone == nil {
+		handlerDone = func() {}
+	}
 	if e.Recorder != nil {
 		defer e.Recorder.Track(-1)
 	}
@@ -137,6 +143,7 @@ func (e *Executor) run(ctx context.Context, log *slog.Logger, c store.ClaimedSte
 		var err error
 		if prog, err = rules.Compile(step.Rules); err != nil {
 			e.Metrics.Finished(0)
+			handlerDone()
 			e.record(dbCtx, log, step, nil, result{rulesErr: err})
 			return
 		}
@@ -144,6 +151,7 @@ func (e *Executor) run(ctx context.Context, log *slog.Logger, c store.ClaimedSte
 	begin := time.Now()
 	res := e.runHandler(ctx, dbCtx, step, c.Timeout(e.defaultTimeout()))
 	e.Metrics.Finished(time.Since(begin))
+	handlerDone()
 	e.record(dbCtx, log, step, prog, res)
 }
 
