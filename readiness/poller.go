@@ -8,8 +8,10 @@ import (
 	"github.com/stepready/stepready/internal/store"
 )
 
-// BatchMax bounds one claim statement, whatever the free capacity.
-const BatchMax = 100
+// BatchMax bounds one claim statement, whatever the free capacity. The fixed cost of a statement (round trip,
+// function call, statement trigger) is shared by the steps in it, so a busy daemon gains from large batches; a
+// claim of 500 steps holds their row locks for a few milliseconds.
+const BatchMax = 500
 
 // Poller claims ready steps into a Dispatcher whenever it is woken.
 type Poller struct {

@@ -141,6 +141,9 @@ func (r *River) Dispatch(ctx context.Context, limit int) (int, store.NextDue, er
 		now := time.Now()
 		params := make([]river.InsertManyParams, len(claimed))
 		for i, c := range claimed {
+			// The worker reads the step's input (with its context and rules) when it starts the attempt, so
+			// the job carries only the claim row's identifiers: nothing large is copied into River's tables.
+			c.Input = nil
 			params[i] = river.InsertManyParams{Args: StepJobArgs{Step: c, ClaimedAt: now},
 				InsertOpts: &river.InsertOpts{MaxAttempts: 1, Queue: c.Queue}}
 		}

@@ -61,13 +61,14 @@ DROP FUNCTION IF EXISTS stepready._steps_track_task();
 -- costs a few statements, not a few per row), in lock order: steps before tasks, ascending id within a kind.
 --   1. Children of the steps whose state crossed the satisfied boundary get the summed -1/+1 in pending_parents
 --      (locked in id order).
---   2. Tasks of the steps whose state changed get their counter deltas and a re-derived status (_task_apply,
---      ascending task id); a claim of a step of a pending task makes the task in_progress.
+--   2. Tasks of the steps whose state changed get their counter deltas and a re-derived status (ascending task
+--      id); a claim of a step of a pending task makes the task in_progress.
 --   3. Each task with a step that became claimable and due now is notified once (sql/045_notify.sql).
 -- The two transition tables are never joined: PL/pgSQL caches the plan made for the first (often one-row)
 -- statement, and a cached nested-loop join of them would cost O(N²) on a large batch. Each table contributes its
--- own terms instead (new row +, old row −), summed per step: a row whose state did not change sums to zero.
--- Every follow-up statement runs only when it has rows to change: an empty UPDATE would fire this trigger again.
+-- own terms instead (new row +, old row −), summed per step (a row whose state did not change sums to zero),
+-- then per task, in one statement. Every follow-up statement on steps runs only when it has rows to change: an
+-- empty UPDATE of steps would fire this trigger again.
 CREATE OR REPLACE FUNCTION stepready._steps_after_update()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -87,31 +88,38 @@ DECLARE
     v_children  bigint[];
     v_child_d   int[];
 BEGIN
-    SELECT array_agg(x.id ORDER BY x.id) FILTER (WHERE x.unsat <> 0),
-           array_agg(x.unsat ORDER BY x.id) FILTER (WHERE x.unsat <> 0),
-           array_agg(x.task_id) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
-           array_agg(x.unsat) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
-           array_agg(x.err) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
-           array_agg(x.started) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
-           array_agg(x.at) FILTER (WHERE x.unsat <> 0 OR x.err <> 0 OR x.started),
-           array_agg(DISTINCT x.task_id) FILTER (WHERE x.claimable > 0)
-      INTO v_crossed, v_cross_d, v_tasks, v_unsat, v_err, v_started, v_at, v_notify
-      FROM (SELECT r.id, r.task_id, sum(r.unsat)::int AS unsat, sum(r.err)::int AS err,
-                   -- entered a started state (the old row is not started): a claim
-                   sum(r.started)::int > 0 AS started, max(r.at) AS at, sum(r.claimable)::int AS claimable
-              FROM (SELECT n.id, n.task_id, (NOT stepready._satisfies(n.state))::int AS unsat,
-                           (n.state = 'error')::int AS err, (n.state IN ('enqueued', 'in_progress'))::int AS started,
-                           n.completed_at AS at,
-                           stepready._claimable_now(n.state, n.pending_parents, n.task_held,
-                                                    n.next_attempt_at)::int AS claimable
-                      FROM new_rows n
-                    UNION ALL
-                    SELECT o.id, o.task_id, -(NOT stepready._satisfies(o.state))::int, -(o.state = 'error')::int,
-                           -(o.state IN ('enqueued', 'in_progress'))::int, NULL,
-                           -stepready._claimable_now(o.state, o.pending_parents, o.task_held,
-                                                     o.next_attempt_at)::int
-                      FROM old_rows o) r
-             GROUP BY r.id, r.task_id) x;
+    WITH per_step AS (
+        SELECT r.id, r.task_id, sum(r.unsat)::int AS unsat, sum(r.err)::int AS err,
+               -- entered a started state (the old row is not started): a claim
+               sum(r.started) > 0 AS started, max(r.at) AS at, sum(r.claimable) > 0 AS claimable
+          FROM (SELECT n.id, n.task_id, (NOT stepready._satisfies(n.state))::int AS unsat,
+                       (n.state = 'error')::int AS err, (n.state IN ('enqueued', 'in_progress'))::int AS started,
+                       n.completed_at AS at,
+                       stepready._claimable_now(n.state, n.pending_parents, n.task_held, n.next_attempt_at)::int
+                           AS claimable
+                  FROM new_rows n
+                UNION ALL
+                SELECT o.id, o.task_id, -(NOT stepready._satisfies(o.state))::int, -(o.state = 'error')::int,
+                       -(o.state IN ('enqueued', 'in_progress'))::int, NULL,
+                       -stepready._claimable_now(o.state, o.pending_parents, o.task_held, o.next_attempt_at)::int
+                  FROM old_rows o) r
+         GROUP BY r.id, r.task_id
+    ), per_task AS (
+        SELECT p.task_id, sum(p.unsat)::int AS unsat, sum(p.err)::int AS err, bool_or(p.started) AS started,
+               max(p.at) AS at
+          FROM per_step p
+         GROUP BY p.task_id
+        HAVING sum(p.unsat) <> 0 OR sum(p.err) <> 0 OR bool_or(p.started)
+    )
+    SELECT (SELECT array_agg(p.id ORDER BY p.id) FROM per_step p WHERE p.unsat <> 0),
+           (SELECT array_agg(p.unsat ORDER BY p.id) FROM per_step p WHERE p.unsat <> 0),
+           (SELECT array_agg(DISTINCT p.task_id) FROM per_step p WHERE p.claimable),
+           t.tasks, t.unsat, t.err, t.started, t.at
+      INTO v_crossed, v_cross_d, v_notify, v_tasks, v_unsat, v_err, v_started, v_at
+      FROM (SELECT array_agg(k.task_id ORDER BY k.task_id) AS tasks, array_agg(k.unsat ORDER BY k.task_id) AS unsat,
+                   array_agg(k.err ORDER BY k.task_id) AS err, array_agg(k.started ORDER BY k.task_id) AS started,
+                   array_agg(k.at ORDER BY k.task_id) AS at
+              FROM per_task k) t;
 
     IF v_crossed IS NOT NULL THEN
         SELECT array_agg(c.id ORDER BY c.id), array_agg(c.delta ORDER BY c.id)
@@ -131,22 +139,25 @@ BEGIN
     END IF;
 
     IF v_tasks IS NOT NULL THEN
-        SELECT array_agg(c.task_id ORDER BY c.task_id), array_agg(c.d_unsat ORDER BY c.task_id),
-               array_agg(c.d_err ORDER BY c.task_id), array_agg(c.started ORDER BY c.task_id),
-               array_agg(c.at ORDER BY c.task_id)
-          INTO v_tasks, v_unsat, v_err, v_started, v_at
-          FROM (SELECT u.task_id, sum(u.d_unsat)::int AS d_unsat, sum(u.d_err)::int AS d_err,
-                       bool_or(u.started) AS started, max(u.at) AS at
-                  FROM unnest(v_tasks, v_unsat, v_err, v_started, v_at) AS u(task_id, d_unsat, d_err, started, at)
-                 GROUP BY u.task_id) c
-         -- A claim changes no counter: only a task still pending has something to do (status pending never
-         -- comes back once left, so a task read as started here needs no lock).
-         WHERE c.d_unsat <> 0 OR c.d_err <> 0
-            OR (c.started AND (SELECT t.status FROM stepready.tasks t WHERE t.id = c.task_id) = 'pending');
-        IF v_tasks IS NOT NULL THEN
-            PERFORM stepready._task_apply(v_tasks, array_fill(0, ARRAY[cardinality(v_tasks)]), v_unsat, v_err,
-                                          v_started, v_at);
-        END IF;
+        -- As _task_apply (no step added or removed here): the sorted deltas drive a nested loop over the primary
+        -- key, so the rows are locked in ascending id. A claim changes no counter: only a task still pending has
+        -- something to do, and a task that is not is neither updated nor locked (status pending never comes back
+        -- once left).
+        UPDATE stepready.tasks t
+           SET steps_unsatisfied = t.steps_unsatisfied + d.d_unsat,
+               steps_in_error    = t.steps_in_error + d.d_err,
+               updated_at        = now(),
+               status            = stepready._derive_task_status(t.status, t.steps_total,
+                                       t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started),
+               completed_at      = CASE
+                   WHEN stepready._derive_task_status(t.status, t.steps_total,
+                            t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started) = 'complete'
+                   THEN COALESCE(t.completed_at, d.at, now())
+               END
+          FROM (SELECT x.* FROM unnest(v_tasks, v_unsat, v_err, v_started, v_at)
+                     AS x(task_id, d_unsat, d_err, started, at) ORDER BY x.task_id) AS d
+         WHERE t.id = d.task_id
+           AND (d.d_unsat <> 0 OR d.d_err <> 0 OR (d.started AND t.status = 'pending'));
     END IF;
 
     IF v_notify IS NOT NULL THEN

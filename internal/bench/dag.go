@@ -43,7 +43,7 @@ func loadDiamonds(ctx context.Context, pool *pgxpool.Pool, n int) error {
 
 // dagClient works n diamond tasks to completion with a Client in the given dispatch mode and returns steps/s.
 func dagClient(ctx context.Context, env *Env, n int, mode string) (float64, error) {
-	pool, _, err := env.NewDB(ctx, benchConcurrency+10)
+	pool, _, err := env.NewDB(ctx, benchPoolConns)
 	if err != nil {
 		return 0, err
 	}

@@ -41,7 +41,7 @@ func loadStorm(ctx context.Context, pool *pgxpool.Pool, n int) error {
 // stormRun works n retry-storm steps to completion with a direct-dispatch Client and returns the time it took.
 // Each attempt before the last fails with class transient.
 func stormRun(ctx context.Context, env *Env, n int) (time.Duration, error) {
-	pool, _, err := env.NewDB(ctx, benchConcurrency+10)
+	pool, _, err := env.NewDB(ctx, benchPoolConns)
 	if err != nil {
 		return 0, err
 	}
@@ -74,7 +74,7 @@ func stormRun(ctx context.Context, env *Env, n int) (time.Duration, error) {
 // plainRun is the baseline of the storm: n tasks of stormFailures+1 independent no-op steps, as many attempts
 // and as many tasks as the storm, worked to completion with the same client settings. It returns the time.
 func plainRun(ctx context.Context, env *Env, n int) (time.Duration, error) {
-	pool, _, err := env.NewDB(ctx, benchConcurrency+10)
+	pool, _, err := env.NewDB(ctx, benchPoolConns)
 	if err != nil {
 		return 0, err
 	}

@@ -29,7 +29,7 @@ type ClaimedStep struct {
 	TaskID    int64           `json:"task_id"`
 	Name      string          `json:"name"`
 	Handler   string          `json:"handler"`
-	Input     json.RawMessage `json:"input"`
+	Input     json.RawMessage `json:"input,omitempty"`
 	Attempts  int             `json:"attempts"`
 	TimeoutMS *int64          `json:"timeout_ms,omitempty"`
 	Queue     string          `json:"queue"`
