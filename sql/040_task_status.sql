@@ -249,17 +249,17 @@ END;
 $$;
 
 -- The WHEN clause calls the function only for a row that needs some of its work: the update left updated_at
--- alone, or changed the state without doing the rest itself (entering a claimable state, which reads the task;
--- completed_at out of step with the state; a lease left on a step outside flight). The hot-path functions
--- (claims, starts, completions, failures) set updated_at, completed_at and the lease in their own UPDATE, so a
--- batch of them costs no PL/pgSQL call per row.
+-- alone, or changed the state without doing the rest itself (completed_at out of step with the state; a lease
+-- left on a step outside flight). An update that sets updated_at takes on the rest of the bookkeeping: the
+-- hot-path functions (claims, starts, completions, failures) set updated_at, completed_at and the lease, and
+-- task_held and task_priority for a step entering a claimable state, in their own UPDATE, so a batch of them
+-- costs no PL/pgSQL call per row.
 CREATE OR REPLACE TRIGGER steps_before_update
     BEFORE UPDATE ON stepready.steps
     FOR EACH ROW
     WHEN (NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at
           OR (NEW.state IS DISTINCT FROM OLD.state
-              AND ((NEW.state IN ('pending', 'waiting_for_retry') AND OLD.state NOT IN ('pending', 'waiting_for_retry'))
-                   OR (NEW.state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually'))
+              AND ((NEW.state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually'))
                       IS DISTINCT FROM (NEW.completed_at IS NOT NULL)
                    OR (NEW.state NOT IN ('enqueued', 'in_progress')
                        AND (NEW.lease_owner IS NOT NULL OR NEW.lease_expires_at IS NOT NULL)))))

@@ -37,34 +37,34 @@ func readinessLatency(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	if err := conn.QueryRow(ctx, `SELECT max(id) / 2 FROM stepready.tasks`).Scan(&taskID); err != nil {
 		return nil, err
 	}
-	timeIt := func(sql string, args ...any) (time.Duration, error) {
-		var ds []time.Duration
-		for i := range 2000 {
-			begin := time.Now()
-			rows, err := conn.Query(ctx, sql, args...)
-			if err != nil {
-				return 0, err
-			}
-			for rows.Next() {
-			}
-			rows.Close()
-			if err := rows.Err(); err != nil {
-				return 0, err
-			}
-			if i >= 200 { // warm-up excluded
-				ds = append(ds, time.Since(begin))
-			}
+	// The call and the round trip are timed alternately, so that both see the same state of the machine (an idle
+	// virtual machine's wake-up latency alone moves a round trip between 15 and 60 µs from one run to the next).
+	run := func(sql string, args ...any) (time.Duration, error) {
+		begin := time.Now()
+		rows, err := conn.Query(ctx, sql, args...)
+		if err != nil {
+			return 0, err
 		}
-		return median(ds), nil
+		for rows.Next() {
+		}
+		rows.Close()
+		return time.Since(begin), rows.Err()
 	}
-	call, err := timeIt(`SELECT * FROM stepready.step_readiness(ARRAY[$1::bigint])`, taskID)
-	if err != nil {
-		return nil, err
+	var calls, trips []time.Duration
+	for i := range 2000 {
+		c, err := run(`SELECT * FROM stepready.step_readiness(ARRAY[$1::bigint])`, taskID)
+		if err != nil {
+			return nil, err
+		}
+		r, err := run(`SELECT 1`)
+		if err != nil {
+			return nil, err
+		}
+		if i >= 200 { // warm-up excluded
+			calls, trips = append(calls, c), append(trips, r)
+		}
 	}
-	trip, err := timeIt(`SELECT 1`)
-	if err != nil {
-		return nil, err
-	}
+	call, trip := median(calls), median(trips)
 	server := max(call-trip, 0)
 	us := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1000 }
 	return []Row{{Scenario: "1 step_readiness", Figure: fmt.Sprintf("one 10-step task, %d tasks in tables (call − round trip)", size.ReadinessTasks),

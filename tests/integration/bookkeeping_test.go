@@ -175,8 +175,14 @@ func TestHotPathSkipsTheRowTrigger(t *testing.T) {
 	require.Zero(t, calls(`SELECT * FROM stepready.claim_ready_steps(2, 'w', 60000, $1)`, at))
 	require.Zero(t, calls(`SELECT * FROM stepready.start_steps($1, 'w', 60000, $2)`, ids[4:], at))
 	require.Zero(t, calls(`SELECT * FROM stepready.complete_steps($1, '{1,1,1}', '{"{}","{}","{}"}', $2)`, ids[:3], at))
+	// One failure is retried (the step re-enters a claimable state: task_held and task_priority are copied from
+	// the task by fail_steps itself), one is permanent.
 	require.Zero(t, calls(`SELECT * FROM stepready.fail_steps($1, '{1,1}',
-		'{"{\"class\": \"permanent\"}","{\"class\": \"permanent\"}"}', $2)`, ids[3:5], at))
+		'{"{\"class\": \"transient\"}","{\"class\": \"permanent\"}"}', $2)`, ids[3:5], at))
+	var states []string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT array_agg(state ORDER BY id) FROM stepready.steps WHERE id = ANY ($1)`,
+		ids[3:5]).Scan(&states))
+	require.Equal(t, []string{"waiting_for_retry", "error"}, states)
 	require.Equal(t, int64(1), calls(`UPDATE stepready.steps SET input = '{"x": 1}' WHERE id = $1`, ids[5]),
 		"a plain UPDATE leaves updated_at to the trigger")
 }
