@@ -131,8 +131,10 @@ BEGIN
                 HAVING sum(p.delta) <> 0) c;
         IF v_children IS NOT NULL THEN
             PERFORM 1 FROM stepready.steps c WHERE c.id = ANY (v_children) ORDER BY c.id FOR UPDATE;
+            -- The state does not change: setting updated_at is all the bookkeeping there is (no row trigger call).
             UPDATE stepready.steps s
-               SET pending_parents = GREATEST(s.pending_parents + d.delta, 0)
+               SET pending_parents = GREATEST(s.pending_parents + d.delta, 0),
+                   updated_at = now()
               FROM unnest(v_children, v_child_d) AS d(id, delta)
              WHERE s.id = d.id;
         END IF;
