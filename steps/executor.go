@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -93,7 +94,7 @@ func (e *Executor) Run(ctx context.Context, c store.ClaimedStep, claimedAt time.
 		e.Metrics.Started(0)
 	}
 	e.Reserve(1)
-	e.run(ctx, log, c, st, nil)
+	e.run(ctx, c, st, nil)
 }
 
 // RunStarted executes an attempt that is already started (claim_and_start_steps): the handler, then the
@@ -103,12 +104,7 @@ func (e *Executor) Run(ctx context.Context, c store.ClaimedStep, claimedAt time.
 // attempt while this outcome waits for its batch.
 func (e *Executor) RunStarted(ctx context.Context, c store.ClaimedStep, st store.Started, handlerDone func()) {
 	e.Metrics.Started(0)
-	e.run(ctx, e.stepLogger(c), c, st, handlerDone)
-}
-
-func (e *Executor) stepLogger(c store.ClaimedStep) *slog.Logger {
-	return e.logger().With(slog.Int64("step_id", c.StepID), slog.Int64("task_id", c.TaskID),
-		slog.String("step", c.Name), slog.String("handler", c.Handler))
+	e.run(ctx, c, st, handlerDone)
 }
 
 // Reserve tells the executor that n attempts already started are about to be run with RunStarted (a claimed
@@ -119,8 +115,7 @@ func (e *Executor) Reserve(n int) {
 	}
 }
 
-func (e *Executor) run(ctx context.Context, log *slog.Logger, c store.ClaimedStep, st store.Started,
-	handlerDone func()) {
+func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Started, handlerDone func()) {
 	dbCtx := context.WithoutCancel(ctx)
 	if handlerDone == nil {
 		handlerDone = func() {}
@@ -128,7 +123,7 @@ func (e *Executor) run(ctx context.Context, log *slog.Logger, c store.ClaimedSte
 	if e.Recorder != nil {
 		defer e.Recorder.Track(-1)
 	}
-	log = log.With(slog.Int("attempt", st.Attempt), slog.Int("iteration", st.Iteration))
+	log := e.attemptLogger(c, st)
 	log.Info("executor: attempt started")
 
 	step := &Step{ID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler, Input: st.Input,
@@ -186,9 +181,7 @@ func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout ti
 	defer cancelTimeout()
 
 	// Heartbeat at a third of the lease; a refused heartbeat means the attempt was fenced out.
-	hbDone := make(chan struct{})
-	defer close(hbDone)
-	go e.heartbeat(dbCtx, step, cancelRun, hbDone)
+	defer e.heartbeat(dbCtx, step, cancelRun)()
 
 	done := make(chan result, 1)
 	go func() {
@@ -227,25 +220,37 @@ func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout ti
 	return r
 }
 
-func (e *Executor) heartbeat(ctx context.Context, step *Step, cancelRun context.CancelCauseFunc, done <-chan struct{}) {
-	t := time.NewTicker(e.Lease / 3)
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
+// heartbeat renews the attempt's lease every Lease/3 until the returned stop is called. A refused heartbeat
+// means the attempt was fenced out (cancelled, resolved, reaped): it cancels the handler with errLeaseLost. It is a
+// timer, not a goroutine: an attempt shorter than Lease/3 (most of them) costs no goroutine and sends nothing.
+func (e *Executor) heartbeat(ctx context.Context, step *Step, cancelRun context.CancelCauseFunc) (stop func()) {
+	interval := e.Lease / 3
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	mu.Lock() // t is assigned before the first beat can read it
+	defer mu.Unlock()
+	t = time.AfterFunc(interval, func() {
+		ok, err := store.HeartbeatStep(ctx, e.Pool, step.ID, step.Attempt, e.Lease)
+		if err == nil && !ok {
+			cancelRun(errLeaseLost)
 			return
-		case <-t.C:
-			ok, err := store.HeartbeatStep(ctx, e.Pool, step.ID, step.Attempt, e.Lease)
-			if err != nil {
-				// A lost connection: keep trying; the lease covers two more beats.
-				e.logger().Warn("executor: heartbeat failed", slog.Int64("step_id", step.ID), slog.Any("error", err))
-				continue
-			}
-			if !ok {
-				cancelRun(errLeaseLost)
-				return
-			}
 		}
+		if err != nil {
+			// A lost connection: keep trying; the lease covers two more beats.
+			e.logger().Warn("executor: heartbeat failed", slog.Int64("step_id", step.ID), slog.Any("error", err))
+		}
+		mu.Lock()
+		if !stopped {
+			t.Reset(interval)
+		}
+		mu.Unlock()
+	})
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
 	}
 }
 

@@ -45,6 +45,10 @@ func (c ClaimedStep) Timeout(def time.Duration) time.Duration {
 
 func ms(d time.Duration) int64 { return d.Milliseconds() }
 
+// raw makes a json/jsonb column scan into p as the bytes PostgreSQL sent: pgx would otherwise run a JSON decoder
+// over every document to fill a json.RawMessage (the database already guarantees it is valid JSON).
+func raw(p *json.RawMessage) *[]byte { return (*[]byte)(p) }
+
 // ClaimReadySteps claims up to limit ready steps for worker with an enqueued lease.
 func ClaimReadySteps(ctx context.Context, db DBTX, limit int, worker string, lease time.Duration) ([]ClaimedStep, error) {
 	rows, err := db.Query(ctx, claimReadySQL, limit, worker, ms(lease))
@@ -63,7 +67,7 @@ const claimReadySQL = `SELECT step_id, task_id, name, handler, input, attempts, 
 
 func scanClaimed(r pgx.CollectableRow) (ClaimedStep, error) {
 	var c ClaimedStep
-	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, &c.Input, &c.Attempts, &c.TimeoutMS, &c.Queue)
+	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, raw(&c.Input), &c.Attempts, &c.TimeoutMS, &c.Queue)
 	return c, err
 }
 
@@ -71,7 +75,7 @@ func scanClaimed(r pgx.CollectableRow) (ClaimedStep, error) {
 // ClaimAndStartStepsNextDue). Pass a transaction to keep the claim in it.
 func ClaimReadyStepsNextDue(ctx context.Context, db BatchSender, limit int, worker string, lease time.Duration) (
 	[]ClaimedStep, NextDue, error) {
-	got, due, err := claimWithNextDue(ctx, db, scanClaimed, claimReadySQL, limit, worker, ms(lease))
+	got, due, err := claimWithNextDue(ctx, db, limit, scanClaimed, claimReadySQL, limit, worker, ms(lease))
 	if err != nil {
 		return nil, NextDue{}, fmt.Errorf("store: claim ready steps: %w", err)
 	}
@@ -82,8 +86,8 @@ func ClaimReadyStepsNextDue(ctx context.Context, db BatchSender, limit int, work
 // outside a transaction is one implicit transaction): both see the same now(), and the due time is read before
 // the claim, so a step whose backoff ends after the claim's instant is in it and one that ended before is
 // claimable by the claim.
-func claimWithNextDue[T any](ctx context.Context, db BatchSender, scan pgx.RowToFunc[T], query string, args ...any) (
-	[]T, NextDue, error) {
+func claimWithNextDue[T any](ctx context.Context, db BatchSender, capHint int, scan pgx.RowToFunc[T], query string,
+	args ...any) ([]T, NextDue, error) {
 	var due NextDue
 	b := &pgx.Batch{}
 	b.Queue(`SELECT stepready.next_claim_at(), now()`).QueryRow(func(r pgx.Row) error {
@@ -92,7 +96,7 @@ func claimWithNextDue[T any](ctx context.Context, db BatchSender, scan pgx.RowTo
 	var got []T
 	b.Queue(query, args...).Query(func(rows pgx.Rows) error {
 		var err error
-		got, err = pgx.CollectRows(rows, scan)
+		got, err = pgx.AppendRows(make([]T, 0, min(capHint, 128)), rows, scan)
 		return err
 	})
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
@@ -126,7 +130,7 @@ func StartStep(ctx context.Context, db DBTX, stepID int64, worker string, lease 
 		FROM (SELECT stepready.start_step($1, $2, $3) AS attempt) a
 		LEFT JOIN stepready.steps s ON s.id = $1
 		LEFT JOIN stepready.tasks t ON t.id = s.task_id`, stepID, worker, ms(lease)).
-		Scan(&attempt, &iteration, &st.Input, &st.Context, &st.Rules)
+		Scan(&attempt, &iteration, raw(&st.Input), raw(&st.Context), raw(&st.Rules))
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return Started{}, false, nil
@@ -182,7 +186,7 @@ const claimAndStartSQL = `SELECT step_id, task_id, name, handler, input, attempt
 // backoff ends after the claim's instant is in it and one that ended before is claimable by the claim.
 func ClaimAndStartStepsNextDue(ctx context.Context, db BatchSender, limit int, worker string, lease time.Duration) (
 	[]ClaimedStarted, NextDue, error) {
-	got, due, err := claimWithNextDue(ctx, db, scanClaimedStarted, claimAndStartSQL, limit, worker, ms(lease))
+	got, due, err := claimWithNextDue(ctx, db, limit, scanClaimedStarted, claimAndStartSQL, limit, worker, ms(lease))
 	if err != nil {
 		return nil, NextDue{}, fmt.Errorf("store: claim and start steps: %w", err)
 	}
@@ -191,8 +195,8 @@ func ClaimAndStartStepsNextDue(ctx context.Context, db BatchSender, limit int, w
 
 func scanClaimedStarted(r pgx.CollectableRow) (ClaimedStarted, error) {
 	var c ClaimedStarted
-	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, &c.Input, &c.Started.Attempt, &c.TimeoutMS,
-		&c.Queue, &c.Started.Iteration, &c.Started.Context, &c.Started.Rules)
+	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, raw(&c.Input), &c.Started.Attempt, &c.TimeoutMS,
+		&c.Queue, &c.Started.Iteration, raw(&c.Started.Context), raw(&c.Started.Rules))
 	c.Attempts = c.Started.Attempt - 1
 	c.Started.Input = c.Input
 	return c, err
@@ -210,7 +214,7 @@ func StartSteps(ctx context.Context, db DBTX, stepIDs []int64, worker string, le
 	var id int64
 	var attempt, iteration *int
 	var st Started
-	_, err = pgx.ForEachRow(rows, []any{&id, &attempt, &iteration, &st.Input, &st.Context, &st.Rules}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &attempt, &iteration, raw(&st.Input), raw(&st.Context), raw(&st.Rules)}, func() error {
 		if attempt != nil && iteration != nil {
 			st.Attempt, st.Iteration = *attempt, *iteration
 			started[id] = st
