@@ -1,7 +1,8 @@
 -- Claiming ready steps (SPEC §6). Safe across any number of concurrent claimers.
 
 -- Picks and locks up to p_limit ready steps, in claim order: task priority desc, step priority desc, due time
--- (NULL first), id. Returns their ids in that order.
+-- (NULL first), id. Returns their ids in that order, and in p_states the states they had (the rows are locked, so
+-- the claim reads no row twice).
 --
 -- It reads steps_claim_order_idx, which holds only claimable rows (not in flight or terminal, every parent
 -- satisfied, task runnable and unpaused) keyed by (task_priority, priority, due time, id). Within one
@@ -14,18 +15,20 @@
 -- and a row another claimer already moved on fails the re-checked WHERE clause, so concurrent claimers get
 -- disjoint sets. The whole readiness rule is checked on the locked row: task_held stands for the task's status and
 -- pause (kept in step with the task in the same transaction by triggers), and retry eligibility is tested here.
-CREATE OR REPLACE FUNCTION stepready._claim_pick(p_limit int, p_as_of timestamptz)
-RETURNS bigint[]
+DROP FUNCTION IF EXISTS stepready._claim_pick(int, timestamptz); -- before it returned the ids only
+CREATE OR REPLACE FUNCTION stepready._claim_pick_rows(p_limit int, p_as_of timestamptz,
+                                                      OUT p_ids bigint[], OUT p_states text[])
 LANGUAGE plpgsql
 -- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
 -- would re-plan every statement on every call (arrays make every custom plan look cheaper).
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_ids  bigint[] := '{}';
     v_tp   int;
     v_p    int;
 BEGIN
+    p_ids := '{}';
+    p_states := '{}';
     SELECT s.task_priority INTO v_tp
       FROM stepready.steps s
      WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
@@ -39,18 +42,21 @@ BEGIN
          ORDER BY s.priority DESC
          LIMIT 1;
         WHILE v_p IS NOT NULL LOOP
-            v_ids := v_ids || ARRAY(
-                SELECT s.id
+            SELECT p_ids || array_agg(k.id ORDER BY k.due, k.id), p_states || array_agg(k.state ORDER BY k.due, k.id)
+              INTO p_ids, p_states
+              FROM (SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due
                   FROM stepready.steps s
                  WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
                    AND s.task_priority = v_tp AND s.priority = v_p
                    AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
                    AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
                  ORDER BY COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
-                 LIMIT p_limit - cardinality(v_ids)
-                   FOR UPDATE SKIP LOCKED);
-            IF cardinality(v_ids) >= p_limit THEN
-                RETURN v_ids;
+                 LIMIT p_limit - cardinality(p_ids)
+                   FOR UPDATE SKIP LOCKED) AS k;
+            p_ids := COALESCE(p_ids, '{}');
+            p_states := COALESCE(p_states, '{}');
+            IF cardinality(p_ids) >= p_limit THEN
+                RETURN;
             END IF;
             SELECT s.priority INTO v_p
               FROM stepready.steps s
@@ -66,7 +72,6 @@ BEGIN
          ORDER BY s.task_priority DESC
          LIMIT 1;
     END LOOP;
-    RETURN v_ids;
 END;
 $$;
 
@@ -108,37 +113,36 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_ids bigint[];
+    v_ids     bigint[];
+    v_states  text[];
+    v_lease   timestamptz := p_as_of + p_lease_ms * interval '1 millisecond';
+    v_details jsonb;
 BEGIN
     PERFORM stepready._check_claim_args(p_limit, p_worker, p_lease_ms, p_as_of);
     IF p_limit = 0 THEN
         RETURN;
     END IF;
-    v_ids := stepready._claim_pick(p_limit, p_as_of);
+    SELECT k.p_ids, k.p_states INTO v_ids, v_states FROM stepready._claim_pick_rows(p_limit, p_as_of) k;
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
+    v_details := jsonb_build_object('worker', p_worker, 'lease_expires_at', v_lease);
 
     RETURN QUERY
-    WITH picked AS (
-        -- The state before the update (the rows are locked: this read is their current version).
-        SELECT s.id, s.state AS from_state, u.ord
-          FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord)
-          JOIN stepready.steps s ON s.id = u.id
-    ), claimed AS (
+    WITH claimed AS (
         UPDATE stepready.steps s
            SET state = 'enqueued',
                updated_at = now(),
                lease_owner = p_worker,
-               lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
-          FROM picked p
+               lease_expires_at = v_lease
+          FROM unnest(v_ids, v_states) WITH ORDINALITY AS p(id, from_state, ord)
          WHERE s.id = p.id
         RETURNING s.*, p.from_state, p.ord
     ), logged AS (
         INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
                                            details, at)
-        SELECT c.task_id, c.id, c.attempts, c.iteration, 'step.enqueued', c.from_state, 'enqueued',
-               jsonb_build_object('worker', p_worker, 'lease_expires_at', c.lease_expires_at), p_as_of
+        SELECT c.task_id, c.id, c.attempts, c.iteration, 'step.enqueued', c.from_state, 'enqueued', v_details,
+               p_as_of
           FROM claimed c
          ORDER BY c.ord
     )
@@ -173,38 +177,37 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_ids bigint[];
+    v_ids     bigint[];
+    v_states  text[];
+    v_lease   timestamptz := p_as_of + p_lease_ms * interval '1 millisecond';
+    v_details jsonb;
 BEGIN
     PERFORM stepready._check_claim_args(p_limit, p_worker, p_lease_ms, p_as_of);
     IF p_limit = 0 THEN
         RETURN;
     END IF;
-    v_ids := stepready._claim_pick(p_limit, p_as_of);
+    SELECT k.p_ids, k.p_states INTO v_ids, v_states FROM stepready._claim_pick_rows(p_limit, p_as_of) k;
     IF cardinality(v_ids) = 0 THEN
         RETURN;
     END IF;
+    v_details := jsonb_build_object('worker', p_worker, 'lease_expires_at', v_lease);
 
     RETURN QUERY
-    WITH picked AS (
-        SELECT s.id, s.state AS from_state, u.ord
-          FROM unnest(v_ids) WITH ORDINALITY AS u(id, ord)
-          JOIN stepready.steps s ON s.id = u.id
-    ), started AS (
+    WITH started AS (
         UPDATE stepready.steps s
            SET state = 'in_progress',
                attempts = s.attempts + 1,
                last_attempted_at = p_as_of,
                updated_at = now(),
                lease_owner = p_worker,
-               lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
-          FROM picked p
+               lease_expires_at = v_lease
+          FROM unnest(v_ids, v_states) WITH ORDINALITY AS p(id, from_state, ord)
          WHERE s.id = p.id
         RETURNING s.*, p.from_state, p.ord
     ), logged AS (
         INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
                                            details, at)
-        SELECT c.task_id, c.id, e.attempt, c.iteration, e.event, e.from_state, e.to_state,
-               jsonb_build_object('worker', p_worker, 'lease_expires_at', c.lease_expires_at), p_as_of
+        SELECT c.task_id, c.id, e.attempt, c.iteration, e.event, e.from_state, e.to_state, v_details, p_as_of
           FROM started c
          CROSS JOIN LATERAL (VALUES (1, 'step.enqueued', c.from_state, 'enqueued', c.attempts - 1),
                                     (2, 'attempt.started', 'enqueued', 'in_progress', c.attempts))

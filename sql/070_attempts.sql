@@ -64,6 +64,8 @@ AS $$
 DECLARE
     v_start   bigint[];
     v_release bigint[];
+    v_lease   timestamptz := p_as_of + p_lease_ms * interval '1 millisecond';
+    v_details jsonb := jsonb_build_object('worker', p_worker, 'lease_expires_at', v_lease);
 BEGIN
     PERFORM stepready._check_lease_args(p_worker, p_lease_ms);
     PERFORM stepready._check_step_ids(p_step_ids, 'p_step_ids');
@@ -105,7 +107,7 @@ BEGIN
                    last_attempted_at = p_as_of,
                    updated_at = now(),
                    lease_owner = p_worker,
-                   lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
+                   lease_expires_at = v_lease
              WHERE s.id = ANY (v_start)
             RETURNING s.id, s.task_id, s.attempts, s.iteration, s.input, s.rules, s.lease_expires_at,
                       (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id) AS context
@@ -113,15 +115,15 @@ BEGIN
             INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
                                                details, at)
             SELECT st.task_id, st.id, st.attempts, st.iteration, 'attempt.started', 'enqueued', 'in_progress',
-                   jsonb_build_object('worker', p_worker, 'lease_expires_at', st.lease_expires_at), p_as_of
+                   v_details, p_as_of
               FROM started st
              ORDER BY st.id
         )
         SELECT st.id, st.attempts, st.iteration, st.input, st.context, st.rules FROM started st;
     END IF;
-    RETURN QUERY SELECT u.id, NULL::int, NULL::int, NULL::jsonb, NULL::jsonb, NULL::jsonb
-                   FROM unnest(p_step_ids) AS u(id)
-                  WHERE NOT (u.id = ANY (COALESCE(v_start, '{}')));
+    -- EXCEPT hashes (see complete_steps).
+    RETURN QUERY SELECT f.id, NULL::int, NULL::int, NULL::jsonb, NULL::jsonb, NULL::jsonb
+                   FROM (SELECT x FROM unnest(p_step_ids) AS x EXCEPT ALL SELECT y FROM unnest(v_start) AS y) AS f(id);
 END;
 $$;
 
@@ -210,7 +212,10 @@ BEGIN
     )
     SELECT array_agg(d.id) INTO v_ok FROM done d;
 
-    RETURN QUERY SELECT u.id, u.id = ANY (COALESCE(v_ok, '{}')) FROM unnest(p_step_ids) AS u(id);
+    -- EXCEPT hashes; `id = ANY (v_ok)` per entry would cost a batch of N entries N² comparisons.
+    RETURN QUERY SELECT u.id, true FROM unnest(v_ok) AS u(id);
+    RETURN QUERY SELECT f.id, false
+                   FROM (SELECT x FROM unnest(p_step_ids) AS x EXCEPT ALL SELECT y FROM unnest(v_ok) AS y) AS f(id);
 END;
 $$;
 

@@ -277,10 +277,10 @@ BEGIN
     IF v_ok IS NOT NULL THEN
         RETURN QUERY SELECT * FROM stepready._apply_failures(v_ok, v_ok_err, p_as_of, v_ok_smp);
     END IF;
-    RETURN QUERY SELECT u.id, s.state, s.next_attempt_at, 'stale_attempt'::text
-                   FROM unnest(p_step_ids) AS u(id)
-                   LEFT JOIN stepready.steps s ON s.id = u.id
-                  WHERE NOT (u.id = ANY (COALESCE(v_ok, '{}')));
+    -- EXCEPT hashes (see complete_steps).
+    RETURN QUERY SELECT f.id, s.state, s.next_attempt_at, 'stale_attempt'::text
+                   FROM (SELECT x FROM unnest(p_step_ids) AS x EXCEPT ALL SELECT y FROM unnest(v_ok) AS y) AS f(id)
+                   LEFT JOIN stepready.steps s ON s.id = f.id;
 END;
 $$;
 

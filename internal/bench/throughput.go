@@ -13,6 +13,7 @@ import (
 
 	"github.com/stepready/stepready"
 	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/readiness"
 	"github.com/stepready/stepready/steps"
 )
 
@@ -151,9 +152,10 @@ func throughputRiver(ctx context.Context, env *Env, n int) (float64, error) {
 const rawWorkers = 4
 
 // throughputSQL is the ceiling: a tight loop calling only the SQL functions, through their best path and with no
-// handler machinery. Each of rawWorkers goroutines claims and starts a batch (claim_and_start_steps, 100) and
-// completes it (complete_steps): the same statements, fencing, events, task status and notifications the daemon's
-// direct dispatch uses, without its goroutines, heartbeats, timeouts or batching delays.
+// handler machinery. Each of rawWorkers goroutines claims and starts a batch (claim_and_start_steps, as many as
+// the daemon claims at most: readiness.BatchMax) and completes it (complete_steps): the same statements, fencing,
+// events, task status and notifications the daemon's direct dispatch uses, without its goroutines, heartbeats,
+// timeouts or batching delays.
 func throughputSQL(ctx context.Context, env *Env, n int) (float64, error) {
 	pool, _, err := env.NewDB(ctx, 2*rawWorkers)
 	if err != nil {
@@ -172,7 +174,7 @@ func throughputSQL(ctx context.Context, env *Env, n int) (float64, error) {
 			defer wg.Done()
 			worker := fmt.Sprintf("raw-%d", w)
 			for {
-				started, err := store.ClaimAndStartSteps(ctx, pool, 100, worker, 30*time.Second)
+				started, err := store.ClaimAndStartSteps(ctx, pool, readiness.BatchMax, worker, 30*time.Second)
 				if err != nil {
 					errs <- err
 					return

@@ -94,7 +94,7 @@ func p1StepsTuplesRead(t *testing.T, conn *pgx.Conn) int64 {
 	return n
 }
 
-// p1ClaimCandidatesQuery returns the candidate query of stepready._claim_pick (the picking half of
+// p1ClaimCandidatesQuery returns the candidate query of stepready._claim_pick_rows (the picking half of
 // claim_ready_steps and claim_and_start_steps) as installed in the database (read from pg_proc, so that it never
 // drifts from sql/060_claim.sql): the parenthesized SELECT that locks the candidate steps of one (task priority,
 // step priority) group FOR UPDATE … SKIP LOCKED, with p_as_of, the group (priorities 0, those of the fixture)
@@ -103,7 +103,7 @@ func p1ClaimCandidatesQuery(t *testing.T, conn *pgx.Conn, asOf time.Time, limit 
 	t.Helper()
 	var src string
 	require.NoError(t, conn.QueryRow(t.Context(), `SELECT prosrc FROM pg_catalog.pg_proc
-		WHERE oid = 'stepready._claim_pick(int, timestamptz)'::regprocedure`).Scan(&src))
+		WHERE oid = 'stepready._claim_pick_rows(int, timestamptz)'::regprocedure`).Scan(&src))
 	lines := strings.Split(src, "\n")
 	for i, line := range lines {
 		if k := strings.Index(line, "--"); k >= 0 {
@@ -144,7 +144,7 @@ func p1ClaimCandidatesQuery(t *testing.T, conn *pgx.Conn, asOf time.Time, limit 
 	require.Contains(t, query, "SELECT")
 	query = regexp.MustCompile(`\bp_as_of\b`).ReplaceAllString(query,
 		"'"+asOf.UTC().Format(time.RFC3339Nano)+"'::timestamptz")
-	query = regexp.MustCompile(`\bp_limit - cardinality\(v_ids\)`).ReplaceAllString(query, strconv.Itoa(limit))
+	query = regexp.MustCompile(`\bp_limit - cardinality\(p_ids\)`).ReplaceAllString(query, strconv.Itoa(limit))
 	query = regexp.MustCompile(`\bv_tp\b|\bv_p\b`).ReplaceAllString(query, "0")
 	require.NotRegexp(t, `\b[pv]_[a-z_]+\b`, query, "the candidate query uses another variable: update this test")
 	return query
