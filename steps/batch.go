@@ -324,7 +324,7 @@ func NewBatchStarter(pool *pgxpool.Pool, worker string, lease time.Duration, max
 // StartGap and StartLinger bound how long a BatchStarter waits for more steps to start before it starts the ones
 // it has: no longer than StartGap after the last one came, and no longer than StartLinger in all.
 const (
-	StartGap    = 200 * time.Microsecond
+	StartGap    = 50 * time.Microsecond
 	StartLinger = time.Millisecond
 )
 
