@@ -18,9 +18,18 @@ AS $$
 $$;
 
 -- Rejects an edge across tasks, a self-edge, and an edge that would close a cycle, naming both steps.
+--
+-- Every lookup here is by key, and must stay so whatever the statistics say. A row trigger's plans are made once
+-- per session, for the first row: loading many edges in one statement into an empty (or unanalyzed) step_edges,
+-- the planner saw a tiny table and chose a sequential scan with a hash join for the reachability walk, and then
+-- every later row scanned all the edges inserted before it (quadratic: 900,000 edges did not finish in 30
+-- minutes). Sequential scans and hash or merge joins are therefore off inside this function.
 CREATE OR REPLACE FUNCTION stepready._step_edges_validate()
 RETURNS trigger
 LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 DECLARE
     p stepready.steps;
