@@ -24,12 +24,16 @@ BEGIN
     IF jsonb_typeof(v -> 'retryable') NOT IN ('boolean', 'null') THEN
         RAISE EXCEPTION 'p_error.retryable must be true or false, got %', v -> 'retryable' USING ERRCODE = '22023';
     END IF;
-    IF jsonb_typeof(v -> 'retry') = 'object' THEN
-        -- Only the fields a rule may override for one failure (SPEC §8).
-        PERFORM stepready._reject_unknown_keys(v -> 'retry',
-            ARRAY['max_attempts', 'backoff', 'base_delay_ms', 'multiplier', 'max_delay_ms', 'jitter'], 'p_error.retry');
+    -- Most documents have no overrides: check them only when present (a call per failure otherwise).
+    IF v ? 'retry' THEN
+        IF jsonb_typeof(v -> 'retry') = 'object' THEN
+            -- Only the fields a rule may override for one failure (SPEC §8).
+            PERFORM stepready._reject_unknown_keys(v -> 'retry',
+                ARRAY['max_attempts', 'backoff', 'base_delay_ms', 'multiplier', 'max_delay_ms', 'jitter'],
+                'p_error.retry');
+        END IF;
+        PERFORM stepready._validate_retry(v -> 'retry', 'p_error.retry');
     END IF;
-    PERFORM stepready._validate_retry(v -> 'retry', 'p_error.retry');
     RETURN v || jsonb_build_object('class', COALESCE(v ->> 'class', 'transient'));
 END;
 $$;
