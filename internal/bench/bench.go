@@ -281,3 +281,29 @@ func waitTasks(ctx context.Context, pool *pgxpool.Pool, want int, limit time.Dur
 	}
 	return nil
 }
+
+// repeatRuns is how many times the throughput scenarios (2, 4, 5) run each of their measurements; the report
+// shows the median. Single runs on these shared two-core machines drift by ±10 % from one to the next, as much as
+// the margin of several targets.
+const repeatRuns = 3
+
+// medians runs every measurement repeatRuns times, interleaved (all of them once, then again), so that a slow
+// period of the machine hits every series alike, and returns the median of each.
+func medians(runs ...func() (float64, error)) ([]float64, error) {
+	got := make([][]float64, len(runs))
+	for range repeatRuns {
+		for i, run := range runs {
+			v, err := run()
+			if err != nil {
+				return nil, err
+			}
+			got[i] = append(got[i], v)
+		}
+	}
+	out := make([]float64, len(runs))
+	for i, vs := range got {
+		sort.Float64s(vs)
+		out[i] = vs[len(vs)/2]
+	}
+	return out, nil
+}

@@ -65,22 +65,25 @@ func dagClient(ctx context.Context, env *Env, n int, mode string) (float64, erro
 func dagThroughput(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	n := size.DAGTasks
 	total := n * diamondSteps
-	direct, err := dagClient(ctx, env, n, stepready.DispatchDirect)
+	m, err := medians(
+		func() (float64, error) {
+			v, err := dagClient(ctx, env, n, stepready.DispatchDirect)
+			return v, wrap("direct", err)
+		},
+		func() (float64, error) {
+			v, err := dagClient(ctx, env, n, stepready.DispatchRiver)
+			return v, wrap("river dispatch", err)
+		},
+		func() (float64, error) {
+			v, err := throughputRiver(ctx, env, total)
+			return v, wrap("river alone", err)
+		},
+		func() (float64, error) { v, err := throughputSQL(ctx, env, total); return v, wrap("raw SQL", err) },
+	)
 	if err != nil {
-		return nil, fmt.Errorf("direct: %w", err)
+		return nil, err
 	}
-	viaRiver, err := dagClient(ctx, env, n, stepready.DispatchRiver)
-	if err != nil {
-		return nil, fmt.Errorf("river dispatch: %w", err)
-	}
-	riverAlone, err := throughputRiver(ctx, env, total)
-	if err != nil {
-		return nil, fmt.Errorf("river alone: %w", err)
-	}
-	raw, err := throughputSQL(ctx, env, total)
-	if err != nil {
-		return nil, fmt.Errorf("raw SQL: %w", err)
-	}
+	direct, viaRiver, riverAlone, raw := m[0], m[1], m[2], m[3]
 	fig := fmt.Sprintf("%d diamond tasks (%d steps)", n, total)
 	row := func(name string, v float64, base string, bv float64, target float64) Row {
 		return Row{Scenario: "4 DAG throughput", Figure: name + ", " + fig, Value: v, Unit: "steps/s", Baseline: base,

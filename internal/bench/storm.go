@@ -99,14 +99,17 @@ func plainRun(ctx context.Context, env *Env, n int) (time.Duration, error) {
 func retryStorm(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	n := size.StormSteps
 	attempts := n * (stormFailures + 1)
-	storm, err := stormRun(ctx, env, n)
+	m, err := medians(
+		func() (float64, error) { d, err := stormRun(ctx, env, n); return d.Seconds(), wrap("storm", err) },
+		func() (float64, error) {
+			d, err := plainRun(ctx, env, n)
+			return d.Seconds(), wrap("plain attempts", err)
+		},
+	)
 	if err != nil {
-		return nil, fmt.Errorf("storm: %w", err)
+		return nil, err
 	}
-	plain, err := plainRun(ctx, env, n)
-	if err != nil {
-		return nil, fmt.Errorf("plain attempts: %w", err)
-	}
+	storm, plain := time.Duration(m[0]*float64(time.Second)), time.Duration(m[1]*float64(time.Second))
 	ratio := storm.Seconds() / plain.Seconds()
 	return []Row{{Scenario: "5 retry storm", Unit: "s",
 		Figure: fmt.Sprintf("(a) direct, %d steps × (%d transient failures, fixed %s backoff, then success) = %d attempts",

@@ -220,22 +220,22 @@ func throughputSQL(ctx context.Context, env *Env, n int) (float64, error) {
 
 func throughput(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	n := size.Throughput
-	direct, err := throughputClient(ctx, env, n, stepready.DispatchDirect)
+	m, err := medians(
+		func() (float64, error) {
+			v, err := throughputClient(ctx, env, n, stepready.DispatchDirect)
+			return v, wrap("direct", err)
+		},
+		func() (float64, error) {
+			v, err := throughputClient(ctx, env, n, stepready.DispatchRiver)
+			return v, wrap("river dispatch", err)
+		},
+		func() (float64, error) { v, err := throughputRiver(ctx, env, n); return v, wrap("river alone", err) },
+		func() (float64, error) { v, err := throughputSQL(ctx, env, n); return v, wrap("raw SQL", err) },
+	)
 	if err != nil {
-		return nil, fmt.Errorf("direct: %w", err)
+		return nil, err
 	}
-	viaRiver, err := throughputClient(ctx, env, n, stepready.DispatchRiver)
-	if err != nil {
-		return nil, fmt.Errorf("river dispatch: %w", err)
-	}
-	riverAlone, err := throughputRiver(ctx, env, n)
-	if err != nil {
-		return nil, fmt.Errorf("river alone: %w", err)
-	}
-	raw, err := throughputSQL(ctx, env, n)
-	if err != nil {
-		return nil, fmt.Errorf("raw SQL: %w", err)
-	}
+	direct, viaRiver, riverAlone, raw := m[0], m[1], m[2], m[3]
 	fig := fmt.Sprintf("%d independent no-op steps", n)
 	row := func(name string, v float64, base string, bv float64, target float64) Row {
 		return Row{Scenario: "2 throughput", Figure: name + ", " + fig, Value: v, Unit: "steps/s", Baseline: base,
@@ -246,4 +246,12 @@ func throughput(ctx context.Context, env *Env, size Size) ([]Row, error) {
 		row("(a) direct dispatch", direct, "(d) raw SQL loop", raw, 0.6),
 		row("(b) River dispatch", viaRiver, "(c) River alone", riverAlone, 0.5),
 	}, nil
+}
+
+// wrap prefixes err with what failed (nil stays nil).
+func wrap(what string, err error) error {
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return nil
 }
