@@ -9,9 +9,10 @@ import (
 )
 
 // BatchMax bounds one claim statement, whatever the free capacity. The fixed cost of a statement (round trip,
-// function call, statement trigger) is shared by the steps in it, so a busy daemon gains from large batches; a
-// claim of 500 steps holds their row locks for a few milliseconds.
-const BatchMax = 500
+// function call, statement trigger) is shared by the steps in it, so a busy daemon gains from large batches (the
+// throughput of no-op steps peaked at 1,000 per statement; 2,000 was slower); a claim of 1,000 steps holds their
+// row locks for about 20 ms.
+const BatchMax = 1000
 
 // Poller claims ready steps into a Dispatcher whenever it is woken.
 type Poller struct {

@@ -14,7 +14,7 @@ import (
 )
 
 // BatchMaxDefault is the largest batch a BatchRecorder or BatchStarter sends in one flush when none is set.
-const BatchMaxDefault = 500
+const BatchMaxDefault = 1000
 
 // batchFlushTimeout bounds one flush, retries of a lost connection included (as recordTimeout bounds one outcome).
 const batchFlushTimeout = time.Minute
