@@ -85,11 +85,12 @@ func (d *Direct) Dispatch(ctx context.Context, limit int) (int, store.NextDue, e
 				d.running--
 				d.mu.Unlock()
 				signal(d.freed)
+			}, func() {
+				d.mu.Lock()
+				d.unrecorded--
+				d.mu.Unlock()
+				signal(d.freed)
 			})
-			d.mu.Lock()
-			d.unrecorded--
-			d.mu.Unlock()
-			signal(d.freed)
 		}()
 	}
 	return len(claimed), due, nil

@@ -27,7 +27,9 @@ type batchResult[Res any] struct {
 
 type batchItem[Req, Res any] struct {
 	req Req
-	out chan batchResult[Res] // buffered (1): the flusher never blocks on a caller
+	out chan batchResult[Res] // buffered (1): the flusher never blocks on a caller; nil when done is set
+	// done, when set, receives the result in the flusher's goroutine instead of out (submit): it must be quick.
+	done func(Res, error)
 }
 
 // batcher runs the requests of many goroutines together. One flusher goroutine takes the first waiting request,
@@ -83,6 +85,19 @@ func (b *batcher[Req, Res]) do(ctx context.Context, req Req) (res Res, err error
 	return r.res, r.err, true
 }
 
+// submit queues req for the next batch and returns at once (it waits only while the queue is full); done receives
+// the result in the flusher's goroutine. ok is false when the batcher is stopped: done is not called, and the
+// caller does the work itself.
+func (b *batcher[Req, Res]) submit(req Req, done func(Res, error)) (ok bool) {
+	b.mu.RLock()
+	defer b.mu.RUnlock()
+	if b.stopped {
+		return false
+	}
+	b.in <- batchItem[Req, Res]{req: req, done: done}
+	return true
+}
+
 func (b *batcher[Req, Res]) run() {
 	defer close(b.done)
 	items := make([]batchItem[Req, Res], 0, b.max)
@@ -135,7 +150,11 @@ func (b *batcher[Req, Res]) run() {
 		results := b.flush(ctx, reqs)
 		cancel()
 		for i, it := range items {
-			it.out <- results[i]
+			if it.done != nil {
+				it.done(results[i].res, results[i].err)
+			} else {
+				it.out <- results[i]
+			}
 		}
 	}
 }
@@ -252,6 +271,41 @@ func (r *BatchRecorder) Fail(ctx context.Context, stepID int64, attempt int, err
 		return store.FailStep(ctx, r.pool, stepID, attempt, errorDoc)
 	}
 	return res.failed, err
+}
+
+// CompleteAsync is Complete without the wait: it queues the successful attempt for the next batch and returns;
+// done receives the result in the recorder's goroutine once the batch is recorded (it must be quick). Lost
+// connections are retried as for every batch. After Stop it records the attempt on its own, retrying lost
+// connections for up to a minute, then calls done.
+func (r *BatchRecorder) CompleteAsync(ctx context.Context, stepID int64, attempt int, output json.RawMessage,
+	done func(ok bool, err error)) {
+	if !r.b.submit(outcomeReq{stepID: stepID, attempt: attempt, output: output},
+		func(res outcomeRes, err error) { done(res.completed, err) }) {
+		ctx, cancel := context.WithTimeout(ctx, batchFlushTimeout)
+		defer cancel()
+		var ok bool
+		err := retryDB(ctx, func() (err error) {
+			ok, err = store.CompleteStep(ctx, r.pool, stepID, attempt, output)
+			return err
+		})
+		done(ok, err)
+	}
+}
+
+// FailAsync is Fail without the wait, as CompleteAsync is Complete without it.
+func (r *BatchRecorder) FailAsync(ctx context.Context, stepID int64, attempt int, errorDoc json.RawMessage,
+	done func(store.FailResult, error)) {
+	if !r.b.submit(outcomeReq{stepID: stepID, attempt: attempt, fail: errorDoc},
+		func(res outcomeRes, err error) { done(res.failed, err) }) {
+		ctx, cancel := context.WithTimeout(ctx, batchFlushTimeout)
+		defer cancel()
+		var res store.FailResult
+		err := retryDB(ctx, func() (err error) {
+			res, err = store.FailStep(ctx, r.pool, stepID, attempt, errorDoc)
+			return err
+		})
+		done(res, err)
+	}
 }
 
 // Stop records what is queued and stops batching.

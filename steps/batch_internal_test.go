@@ -261,3 +261,51 @@ func TestBatchStarter(t *testing.T) {
 	require.False(t, ok, "no longer enqueued")
 	require.Equal(t, 3, countWhere(t, db, `SELECT count(*) FROM stepready.step_events WHERE event = 'attempt.started'`))
 }
+
+// TestBatchRecorderAsync: CompleteAsync and FailAsync return before their batch and report its result through
+// done (fenced entries included); Stop records everything queued; after Stop they record on their own.
+func TestBatchRecorderAsync(t *testing.T) {
+	t.Parallel()
+	db, ids, _ := batchDB(t, 5)
+	r := NewBatchRecorder(db.Pool, 0, nil)
+	ctx := context.Background()
+
+	type outcome struct {
+		id        int64
+		completed bool
+		failed    store.FailResult
+		err       error
+	}
+	results := make(chan outcome, len(ids)+2)
+	r.CompleteAsync(ctx, ids[0], 1, json.RawMessage(`{"n": 0}`), func(ok bool, err error) {
+		results <- outcome{id: ids[0], completed: ok, err: err}
+	})
+	r.CompleteAsync(ctx, ids[1], 2, json.RawMessage(`{}`), func(ok bool, err error) { // not the running attempt
+		results <- outcome{id: ids[1], completed: ok, err: err}
+	})
+	r.FailAsync(ctx, ids[2], 1, json.RawMessage(`{"class": "transient"}`), func(f store.FailResult, err error) {
+		results <- outcome{id: ids[2], failed: f, err: err}
+	})
+	r.Stop() // records what is queued: every done has been called when it returns
+	require.Len(t, results, 3)
+
+	// Stopped: recorded on their own, done called before returning.
+	r.CompleteAsync(ctx, ids[3], 1, json.RawMessage(`{}`), func(ok bool, err error) {
+		results <- outcome{id: ids[3], completed: ok, err: err}
+	})
+	r.FailAsync(ctx, ids[4], 1, json.RawMessage(`{"class": "permanent"}`), func(f store.FailResult, err error) {
+		results <- outcome{id: ids[4], failed: f, err: err}
+	})
+	close(results)
+	got := map[int64]outcome{}
+	for o := range results {
+		require.NoError(t, o.err, "step %d", o.id)
+		got[o.id] = o
+	}
+	require.True(t, got[ids[0]].completed)
+	require.False(t, got[ids[1]].completed, "fenced out")
+	require.Equal(t, "waiting_for_retry", got[ids[2]].failed.State)
+	require.True(t, got[ids[3]].completed)
+	require.Equal(t, "error", got[ids[4]].failed.State)
+	require.Equal(t, 2, countWhere(t, db, `SELECT count(*) FROM stepready.steps WHERE id = ANY ($1) AND state = 'complete'`, ids))
+}

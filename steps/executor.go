@@ -94,17 +94,20 @@ func (e *Executor) Run(ctx context.Context, c store.ClaimedStep, claimedAt time.
 		e.Metrics.Started(0)
 	}
 	e.Reserve(1)
-	e.run(ctx, c, st, nil)
+	e.run(ctx, c, st, nil, nil)
 }
 
 // RunStarted executes an attempt that is already started (claim_and_start_steps): the handler, then the
-// outcome, exactly as Run does after its start. Like Run it returns when the outcome is recorded. The caller has
-// counted it with Reserve. handlerDone, when not nil, is called once as soon as the handler has returned (or
-// when it will not run), before the outcome is recorded: a dispatcher can hand the handler's slot to the next
-// attempt while this outcome waits for its batch.
-func (e *Executor) RunStarted(ctx context.Context, c store.ClaimedStep, st store.Started, handlerDone func()) {
+// outcome, exactly as Run does after its start, except that with a recorded callback it may return while a plain
+// outcome (a success or failure of a step without rules) waits in the Recorder for its batch (the Recorder's Stop
+// records everything queued). The caller has counted it with Reserve. handlerDone, when not nil, is called once as soon as the handler has
+// returned (or when it will not run), before the outcome is recorded: a dispatcher can hand the handler's slot to
+// the next attempt while this outcome waits for its batch. recorded, when not nil, is called once when the
+// outcome is recorded (or could not be), possibly in the Recorder's goroutine after RunStarted returned: it must
+// be quick.
+func (e *Executor) RunStarted(ctx context.Context, c store.ClaimedStep, st store.Started, handlerDone, recorded func()) {
 	e.Metrics.Started(0)
-	e.run(ctx, c, st, handlerDone)
+	e.run(ctx, c, st, handlerDone, recorded)
 }
 
 // Reserve tells the executor that n attempts already started are about to be run with RunStarted (a claimed
@@ -115,13 +118,18 @@ func (e *Executor) Reserve(n int) {
 	}
 }
 
-func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Started, handlerDone func()) {
+func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Started, handlerDone, recorded func()) {
 	dbCtx := context.WithoutCancel(ctx)
 	if handlerDone == nil {
 		handlerDone = func() {}
 	}
-	if e.Recorder != nil {
-		defer e.Recorder.Track(-1)
+	finished := func() {
+		if e.Recorder != nil {
+			e.Recorder.Track(-1)
+		}
+		if recorded != nil {
+			recorded()
+		}
 	}
 	log := e.attemptLogger(c, st)
 	log.Info("executor: attempt started")
@@ -140,6 +148,7 @@ func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Starte
 			e.Metrics.Finished(0)
 			handlerDone()
 			e.record(dbCtx, log, step, nil, result{rulesErr: err})
+			finished()
 			return
 		}
 	}
@@ -147,7 +156,57 @@ func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Starte
 	res := e.runHandler(ctx, dbCtx, step, c.Timeout(e.defaultTimeout()))
 	e.Metrics.Finished(time.Since(begin))
 	handlerDone()
+	// Only a caller that learns of the record through recorded may return before it: the River dispatcher's
+	// worker returns when Run does, and its return is what wakes the claimer after a retry is scheduled.
+	if recorded != nil && e.recordQueued(dbCtx, log, step, prog, res, finished) {
+		return
+	}
 	e.record(dbCtx, log, step, prog, res)
+	finished()
+}
+
+// recordQueued hands a plain outcome (a success or a failure of a step without rules) to the Recorder without
+// waiting for its batch, and reports whether it did; finished is then called once the outcome is recorded, in the
+// Recorder's goroutine. Every other outcome (rules, repetitions, releases, lost leases) is left to record.
+func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result,
+	finished func()) bool {
+	if e.Recorder == nil || prog != nil || r.leaseLost || r.released || r.rulesErr != nil {
+		return false
+	}
+	o := outcomeOf(r)
+	switch {
+	case o.repeat != nil:
+		return false
+	case o.failure != nil:
+		doc, err := json.Marshal(*o.failure)
+		if err != nil {
+			return false
+		}
+		d := *o.failure
+		e.Recorder.FailAsync(ctx, step.ID, step.Attempt, doc, func(res store.FailResult, err error) {
+			if err != nil {
+				logUnrecorded(log, err)
+			} else {
+				e.failed(log, d, res)
+			}
+			finished()
+		})
+	default:
+		e.Recorder.CompleteAsync(ctx, step.ID, step.Attempt, o.output, func(ok bool, err error) {
+			if err != nil {
+				logUnrecorded(log, err)
+			} else {
+				e.succeeded(log, ok)
+			}
+			finished()
+		})
+	}
+	return true
+}
+
+func logUnrecorded(log *slog.Logger, err error) {
+	log.Error("executor: could not record the outcome; the lease will expire and the reaper retries it",
+		slog.Any("error", err))
 }
 
 // result is what an attempt came to.
@@ -259,10 +318,8 @@ func (e *Executor) heartbeat(ctx context.Context, step *Step, cancelRun context.
 func (e *Executor) record(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result) {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
-	err := retryDB(ctx, func() error { return e.recordOnce(ctx, log, step, prog, r) })
-	if err != nil {
-		log.Error("executor: could not record the outcome; the lease will expire and the reaper retries it",
-			slog.Any("error", err))
+	if err := retryDB(ctx, func() error { return e.recordOnce(ctx, log, step, prog, r) }); err != nil {
+		logUnrecorded(log, err)
 	}
 }
 
@@ -312,9 +369,14 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 	if err != nil {
 		return err
 	}
+	e.succeeded(log, ok)
+	return nil
+}
+
+// succeeded counts and logs a recorded success (ok false: the attempt was fenced out).
+func (e *Executor) succeeded(log *slog.Logger, ok bool) {
 	e.Metrics.Completed()
 	log.Info("executor: attempt succeeded", slog.Bool("recorded", ok))
-	return nil
 }
 
 // attemptOutcome is what a finished attempt came to, in the form it is recorded: exactly one of a failure, a
@@ -400,6 +462,12 @@ func (e *Executor) failWith(log *slog.Logger, d errorDoc, record func(json.RawMe
 	if err != nil {
 		return err
 	}
+	e.failed(log, d, res)
+	return nil
+}
+
+// failed counts and logs a recorded failure.
+func (e *Executor) failed(log *slog.Logger, d errorDoc, res store.FailResult) {
 	e.Metrics.Failed(d.Class, res.State == "waiting_for_retry")
 	attrs := []any{slog.String("class", d.Class), slog.String("message", d.Message), slog.String("state", res.State)}
 	if res.NextAttemptAt != nil {
@@ -409,7 +477,6 @@ func (e *Executor) failWith(log *slog.Logger, d errorDoc, record func(json.RawMe
 		attrs = append(attrs, slog.String("reason", *res.Reason))
 	}
 	log.Info("executor: attempt failed", attrs...)
-	return nil
 }
 
 // errorDoc is the p_error document of stepready.fail_step.
