@@ -109,3 +109,17 @@ BEGIN
     END IF;
 END;
 $$;
+
+-- Rejects a parallel array of a batch function (p_name, of p_len entries, NULL when the array is NULL) that does
+-- not have one entry per step id.
+CREATE OR REPLACE FUNCTION stepready._check_entries(p_step_ids bigint[], p_len int, p_name text)
+RETURNS void
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF p_len IS NULL OR p_len <> cardinality(p_step_ids) THEN
+        RAISE EXCEPTION '% must have one entry per step id (%), got %', p_name, cardinality(p_step_ids),
+            COALESCE(p_len::text, 'NULL') USING ERRCODE = '22023';
+    END IF;
+END;
+$$;

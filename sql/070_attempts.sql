@@ -180,14 +180,8 @@ DECLARE
     v_ok bigint[];
 BEGIN
     PERFORM stepready._check_step_ids(p_step_ids, 'p_step_ids');
-    IF p_attempts IS NULL OR cardinality(p_attempts) <> cardinality(p_step_ids) THEN
-        RAISE EXCEPTION 'p_attempts must have one entry per step id (%), got %', cardinality(p_step_ids),
-            COALESCE(cardinality(p_attempts)::text, 'NULL') USING ERRCODE = '22023';
-    END IF;
-    IF p_outputs IS NULL OR cardinality(p_outputs) <> cardinality(p_step_ids) THEN
-        RAISE EXCEPTION 'p_outputs must have one entry per step id (%), got %', cardinality(p_step_ids),
-            COALESCE(cardinality(p_outputs)::text, 'NULL') USING ERRCODE = '22023';
-    END IF;
+    PERFORM stepready._check_entries(p_step_ids, cardinality(p_attempts), 'p_attempts');
+    PERFORM stepready._check_entries(p_step_ids, cardinality(p_outputs), 'p_outputs');
     WITH done AS (
         UPDATE stepready.steps s
            SET state = 'complete',

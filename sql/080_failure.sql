@@ -249,14 +249,8 @@ DECLARE
     v_ok_smp  float8[];
 BEGIN
     PERFORM stepready._check_step_ids(p_step_ids, 'p_step_ids');
-    IF p_attempts IS NULL OR cardinality(p_attempts) <> cardinality(p_step_ids) THEN
-        RAISE EXCEPTION 'p_attempts must have one entry per step id (%), got %', cardinality(p_step_ids),
-            COALESCE(cardinality(p_attempts)::text, 'NULL') USING ERRCODE = '22023';
-    END IF;
-    IF p_errors IS NULL OR cardinality(p_errors) <> cardinality(p_step_ids) THEN
-        RAISE EXCEPTION 'p_errors must have one entry per step id (%), got %', cardinality(p_step_ids),
-            COALESCE(cardinality(p_errors)::text, 'NULL') USING ERRCODE = '22023';
-    END IF;
+    PERFORM stepready._check_entries(p_step_ids, cardinality(p_attempts), 'p_attempts');
+    PERFORM stepready._check_entries(p_step_ids, cardinality(p_errors), 'p_errors');
     IF p_jitter_samples IS NOT NULL AND cardinality(p_jitter_samples) <> cardinality(p_step_ids) THEN
         RAISE EXCEPTION 'p_jitter_samples must be NULL or have one entry per step id (%), got %',
             cardinality(p_step_ids), cardinality(p_jitter_samples) USING ERRCODE = '22023';
