@@ -100,11 +100,12 @@ func (e *Executor) Run(ctx context.Context, c store.ClaimedStep, claimedAt time.
 // RunStarted executes an attempt that is already started (claim_and_start_steps): the handler, then the
 // outcome, exactly as Run does after its start, except that with a recorded callback it may return while a plain
 // outcome (a success or failure of a step without rules) waits in the Recorder for its batch (the Recorder's Stop
-// records everything queued). The caller has counted it with Reserve. handlerDone, when not nil, is called once as soon as the handler has
-// returned (or when it will not run), before the outcome is recorded: a dispatcher can hand the handler's slot to
-// the next attempt while this outcome waits for its batch. recorded, when not nil, is called once when the
-// outcome is recorded (or could not be), possibly in the Recorder's goroutine after RunStarted returned: it must
-// be quick.
+// records everything queued). The caller has counted it with Reserve.
+//
+// handlerDone, when not nil, is called once as soon as the handler has returned (or when it will not run), before
+// the outcome is recorded: a dispatcher can hand the handler's slot to the next attempt while this outcome waits
+// for its batch. recorded, when not nil, is called once when the outcome is recorded (or could not be), possibly
+// in the Recorder's goroutine after RunStarted returned: it must be quick.
 func (e *Executor) RunStarted(ctx context.Context, c store.ClaimedStep, st store.Started, handlerDone, recorded func()) {
 	e.Metrics.Started(0)
 	e.run(ctx, c, st, handlerDone, recorded)
