@@ -417,7 +417,12 @@ func outcomeOf(r result) attemptOutcome {
 		if err != nil {
 			return fail(errorDoc{Class: ClassContractFailure, Message: err.Error()})
 		}
-		plan := &repeatPlan{delay: max(rep.Delay, 0)}
+		if rep.Delay < 0 {
+			// As for a retry delay (SPEC §4) and continue_step's p_delay_ms: a negative delay is bad input.
+			return fail(errorDoc{Class: ClassContractFailure, Message: fmt.Sprintf(
+				"handler requested a negative repeat delay (%s); a delay must be >= 0", rep.Delay)})
+		}
+		plan := &repeatPlan{delay: rep.Delay}
 		if rep.NextInput != nil {
 			if plan.nextInput, err = encodeJSON(rep.NextInput); err != nil {
 				return fail(errorDoc{Class: ClassContractFailure, Message: "next input: " + err.Error()})

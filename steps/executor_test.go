@@ -103,6 +103,10 @@ func TestExecutorOutcomes(t *testing.T) {
 		}, stepRow{State: "waiting_for_retry", Class: "contract_failure", Attempts: 1,
 			Message: "handler requested a negative retry delay (-1.5s); a delay must be >= 0. " +
 				"The handler's error (class rate_limited): warehouse busy"}},
+		{"negative repeat delay", ``, func(context.Context, *steps.Step) (any, error) {
+			return nil, steps.Repeat(map[string]int{"page": 1}, nil, -time.Second)
+		}, stepRow{State: "waiting_for_retry", Class: "contract_failure", Attempts: 1,
+			Message: "handler requested a negative repeat delay (-1s); a delay must be >= 0"}},
 		{"unencodable output", ``, func(context.Context, *steps.Step) (any, error) { return make(chan int), nil },
 			stepRow{State: "waiting_for_retry", Class: "contract_failure", Attempts: 1}},
 	}

@@ -81,7 +81,8 @@ type RepeatRequest struct {
 	Output any
 	// NextInput is the next iteration's input; nil keeps the current one.
 	NextInput any
-	// Delay is how long to wait before the next iteration. Negative counts as zero.
+	// Delay is how long to wait before the next iteration. It must not be negative: a negative delay is bad input,
+	// recorded as a failure of class contract_failure that names it (the iteration is not repeated).
 	Delay time.Duration
 }
 
