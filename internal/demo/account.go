@@ -80,7 +80,7 @@ type Account struct {
 type taskState struct {
 	Task
 	status   string
-	lastAt   time.Time // time of its latest event
+	lastAt   time.Time // sort time of its latest event: its time, or the one before it if that was later
 	reported bool      // its terminal status was printed
 	watched  bool
 }
@@ -199,12 +199,17 @@ func (a *Account) poll(ctx context.Context) error {
 	}
 	// The lines of one round are printed in time order: ids follow inserts, and times are each transaction's
 	// start, so the two orders differ when attempts run in parallel.
+	// Within one task, though, id order is the order things happened in (a child is claimed after its parent's
+	// completion is committed), and times need not follow it: a transaction's time is its start, and a claim may
+	// start just before the completion it then sees commits. A line therefore never sorts before an earlier event
+	// of its own task (events are read in id order); it still shows its own time.
 	var lines []line
 	for _, e := range events {
 		st := a.track(Task{ID: e.TaskID, Name: e.Task})
-		st.lastAt = e.At
+		key := later(e.At, st.lastAt)
+		st.lastAt = key
 		if text, ok := e.describe(); ok {
-			lines = append(lines, line{at: e.At, text: a.format(e.At, st.Label(), deref(e.Step), text)})
+			lines = append(lines, line{at: key, text: a.format(e.At, st.Label(), deref(e.Step), text)})
 		}
 	}
 	for _, s := range statuses {
@@ -220,7 +225,7 @@ func (a *Account) poll(ctx context.Context) error {
 			if at.IsZero() {
 				at = time.Now()
 			}
-			lines = append(lines, line{at: at,
+			lines = append(lines, line{at: later(at, st.lastAt), // after the task's last event, as above
 				text: fmt.Sprintf("%s  task %s %s", at.In(a.loc).Format(timeLayout), st.Label(), s.status)})
 		case !terminal(s.status):
 			st.reported = false // reset by an operator: report it again when it ends
@@ -231,6 +236,14 @@ func (a *Account) poll(ctx context.Context) error {
 		fmt.Fprintln(a.out, l.text)
 	}
 	return nil
+}
+
+// later returns the later of two times.
+func later(x, y time.Time) time.Time {
+	if x.Before(y) {
+		return y
+	}
+	return x
 }
 
 // line is one line of the account.

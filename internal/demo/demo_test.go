@@ -141,3 +141,50 @@ func TestAccountFollowsATask(t *testing.T) {
 	require.Contains(t, text, "summary: 1 task in ")
 	require.Contains(t, text, "hand#2        complete  only: complete after 2 attempts")
 }
+
+// A claim's transaction may begin just before the completion it depends on commits: the child's events then carry
+// an earlier time than the parent's completion. The account keeps each task's lines in the order things happened.
+func TestAccountKeepsATasksLinesInCausalOrder(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := pgtest.New(t)
+	var out bytes.Buffer
+	account, err := NewAccount(ctx, db.Pool, &out, Options{Interval: 10 * time.Millisecond, Location: time.UTC})
+	require.NoError(t, err)
+
+	var id int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT stepready.create_task('{"name": "pair", "steps": [
+		{"name": "parent", "handler": "noop"}, {"name": "child", "handler": "noop", "depends_on": ["parent"]}]}')`).
+		Scan(&id))
+	base := time.Now()
+	for _, c := range []struct {
+		sql string
+		at  time.Duration
+	}{
+		{`SELECT count(*) FROM stepready.claim_ready_steps(10, 'w', 30000, $1)`, 0},
+		{`SELECT stepready.start_step(s.id, 'w', 30000, $1) FROM stepready.steps s WHERE s.name = 'parent'`, 0},
+		{`SELECT stepready.complete_step(s.id, 1, '{}', $1) FROM stepready.steps s WHERE s.name = 'parent'`, 50 * time.Millisecond},
+		// The child's claim is stamped 40 ms before the completion it follows.
+		{`SELECT count(*) FROM stepready.claim_ready_steps(10, 'w', 30000, $1)`, 10 * time.Millisecond},
+		{`SELECT stepready.start_step(s.id, 'w', 30000, $1) FROM stepready.steps s WHERE s.name = 'child'`, 10 * time.Millisecond},
+		{`SELECT stepready.complete_step(s.id, 1, '{}', $1) FROM stepready.steps s WHERE s.name = 'child'`, 20 * time.Millisecond},
+	} {
+		_, err := db.Pool.Exec(ctx, c.sql, base.Add(c.at))
+		require.NoError(t, err, c.sql)
+	}
+
+	require.NoError(t, account.Watch(ctx, []Task{{ID: id, Name: "pair"}}))
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	var order []string
+	for _, l := range lines {
+		for _, want := range []string{"parent         attempt 1 started", "parent         completed",
+			"child          attempt 1 started", "child          completed", "task pair#"} {
+			if strings.Contains(l, want) {
+				order = append(order, want)
+			}
+		}
+	}
+	require.Equal(t, []string{"parent         attempt 1 started", "parent         completed",
+		"child          attempt 1 started", "child          completed", "task pair#"}, order, out.String())
+}
