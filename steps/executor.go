@@ -174,10 +174,11 @@ func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Ste
 	if e.Recorder == nil || prog != nil || r.leaseLost || r.released || r.rulesErr != nil {
 		return false
 	}
+	if _, repeat := errors.AsType[*RepeatRequest](r.err); repeat {
+		return false // a repetition: record works out the outcome and calls continue_step
+	}
 	o := outcomeOf(r)
 	switch {
-	case o.repeat != nil:
-		return false
 	case o.failure != nil:
 		doc, err := json.Marshal(*o.failure)
 		if err != nil {

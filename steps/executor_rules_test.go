@@ -68,10 +68,7 @@ func TestExecutorAppliesOutcomeRules(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := execSetup(t)
-			b.reg.MustRegister("h", tc.handler)
-			c := b.claimOne(t, "h", tc.extra)
-			b.exec.Run(context.Background(), c, time.Now())
-			got := b.row(t, c.StepID)
+			c, got := b.runOnce(t, tc.handler, tc.extra)
 			require.Equal(t, tc.state, got.State)
 			require.Equal(t, tc.class, got.Class)
 			if tc.decision == "" {
@@ -85,10 +82,7 @@ func TestExecutorAppliesOutcomeRules(t *testing.T) {
 			require.Equal(t, tc.decision, decision)
 			require.Equal(t, tc.rule, rule)
 			if tc.decision == "retry" {
-				var delay int64
-				require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT (details ->> 'delay_ms')::bigint
-					FROM stepready.step_events WHERE step_id = $1 AND event = 'retry.scheduled'`, c.StepID).Scan(&delay))
-				require.Equal(t, int64(1234), delay, "the rule's backoff override decided the delay")
+				require.Equal(t, int64(1234), b.retryDelay(t, c.StepID), "the rule's backoff override decided the delay")
 			}
 			if tc.decision == "repeat" {
 				var input string
@@ -328,10 +322,7 @@ func TestExecutorRulesSeeEveryFailure(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := execSetup(t)
-			b.reg.MustRegister("h", tc.handler)
-			c := b.claimOne(t, "h", tc.extra)
-			b.exec.Run(context.Background(), c, time.Now())
-			got := b.row(t, c.StepID)
+			c, got := b.runOnce(t, tc.handler, tc.extra)
 			require.Equal(t, tc.state, got.State)
 			evals := b.events(t, c.StepID, "policy.evaluated")
 			require.Len(t, evals, 1, "the rules were evaluated")
@@ -353,10 +344,7 @@ func TestExecutorRulesSeeEveryFailure(t *testing.T) {
 				require.Contains(t, string(failed[0]), "runtime/debug.Stack", "and in the event")
 			}
 			if tc.delayMS > 0 {
-				var delay int64
-				require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT (details ->> 'delay_ms')::bigint
-					FROM stepready.step_events WHERE step_id = $1 AND event = 'retry.scheduled'`, c.StepID).Scan(&delay))
-				require.Equal(t, tc.delayMS, delay, "the rule's linear backoff")
+				require.Equal(t, tc.delayMS, b.retryDelay(t, c.StepID), "the rule's linear backoff")
 			}
 		})
 	}

@@ -43,6 +43,25 @@ func (b *execBundle) claimOne(t *testing.T, handler, extra string) store.Claimed
 	return claimed[0]
 }
 
+// runOnce registers handler as "h", runs one attempt of a one-step task whose step definition adds extra, and
+// returns the claim and the step's row afterwards.
+func (b *execBundle) runOnce(t *testing.T, handler steps.HandlerFunc, extra string) (store.ClaimedStep, stepRow) {
+	t.Helper()
+	b.reg.MustRegister("h", handler)
+	c := b.claimOne(t, "h", extra)
+	b.exec.Run(context.Background(), c, time.Now())
+	return c, b.row(t, c.StepID)
+}
+
+// retryDelay is the delay_ms of the step's retry.scheduled event.
+func (b *execBundle) retryDelay(t *testing.T, stepID int64) int64 {
+	t.Helper()
+	var delay int64
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT (details ->> 'delay_ms')::bigint
+		FROM stepready.step_events WHERE step_id = $1 AND event = 'retry.scheduled'`, stepID).Scan(&delay))
+	return delay
+}
+
 type stepRow struct {
 	State, Class, Message string
 	Attempts, Iteration   int
@@ -114,14 +133,11 @@ func TestExecutorOutcomes(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			b := execSetup(t)
-			b.reg.MustRegister("h", tc.handler)
 			extra := tc.extra
 			if tc.name == "bad input" {
 				extra = `"input": {"N": "not a number"}`
 			}
-			c := b.claimOne(t, "h", extra)
-			b.exec.Run(context.Background(), c, time.Now())
-			got := b.row(t, c.StepID)
+			_, got := b.runOnce(t, tc.handler, extra)
 			if tc.want.Message == "" {
 				got.Message = ""
 			}

@@ -280,9 +280,20 @@ func RecordOutcomes(ctx context.Context, db interface {
 	done := make(map[int64]bool, len(completions))
 	failed := make(map[int64]FailResult, len(failures))
 	// One kind only is the common case: send it as a plain statement (a pipelined batch costs more on both sides).
-	var plain DBTX
-	if len(completions) == 0 || len(failures) == 0 {
-		plain = db
+	both := len(completions) > 0 && len(failures) > 0
+	send := func(what, query string, scan func(pgx.Rows) error, args ...any) error {
+		if both {
+			b.Queue(query, args...).Query(scan)
+			return nil
+		}
+		rows, err := db.Query(ctx, query, args...)
+		if err == nil {
+			err = scan(rows)
+		}
+		if err != nil {
+			return fmt.Errorf("store: %s: %w", what, err)
+		}
+		return nil
 	}
 	if len(completions) > 0 {
 		ids := make([]int64, len(completions))
@@ -291,23 +302,16 @@ func RecordOutcomes(ctx context.Context, db interface {
 		for i, c := range completions {
 			ids[i], attempts[i], outputs[i] = c.StepID, c.Attempt, string(c.Output)
 		}
-		const q = `SELECT step_id, completed FROM stepready.complete_steps($1, $2, $3::jsonb[])`
-		scan := func(rows pgx.Rows) error {
-			var id int64
-			var ok bool
-			_, err := pgx.ForEachRow(rows, []any{&id, &ok}, func() error { done[id] = ok; return nil })
-			return err
-		}
-		if plain != nil {
-			rows, err := plain.Query(ctx, q, ids, attempts, outputs)
-			if err == nil {
-				err = scan(rows)
-			}
-			if err != nil {
-				return nil, nil, fmt.Errorf("store: complete %d steps: %w", len(ids), err)
-			}
-		} else {
-			b.Queue(q, ids, attempts, outputs).Query(scan)
+		err := send(fmt.Sprintf("complete %d steps", len(ids)),
+			`SELECT step_id, completed FROM stepready.complete_steps($1, $2, $3::jsonb[])`,
+			func(rows pgx.Rows) error {
+				var id int64
+				var ok bool
+				_, err := pgx.ForEachRow(rows, []any{&id, &ok}, func() error { done[id] = ok; return nil })
+				return err
+			}, ids, attempts, outputs)
+		if err != nil {
+			return nil, nil, err
 		}
 	}
 	if len(failures) > 0 {
@@ -317,31 +321,24 @@ func RecordOutcomes(ctx context.Context, db interface {
 		for i, f := range failures {
 			ids[i], attempts[i], docs[i] = f.StepID, f.Attempt, string(f.ErrorDoc)
 		}
-		const q = `SELECT step_id, state, next_attempt_at, reason FROM stepready.fail_steps($1, $2, $3::jsonb[])`
-		scan := func(rows pgx.Rows) error {
-			var id int64
-			var state *string
-			var r FailResult
-			_, err := pgx.ForEachRow(rows, []any{&id, &state, &r.NextAttemptAt, &r.Reason}, func() error {
-				if state != nil {
-					r.State = *state
-				}
-				failed[id] = r
-				r = FailResult{}
-				return nil
-			})
-			return err
-		}
-		if plain != nil {
-			rows, err := plain.Query(ctx, q, ids, attempts, docs)
-			if err == nil {
-				err = scan(rows)
-			}
-			if err != nil {
-				return nil, nil, fmt.Errorf("store: fail %d steps: %w", len(ids), err)
-			}
-		} else {
-			b.Queue(q, ids, attempts, docs).Query(scan)
+		err := send(fmt.Sprintf("fail %d steps", len(ids)),
+			`SELECT step_id, state, next_attempt_at, reason FROM stepready.fail_steps($1, $2, $3::jsonb[])`,
+			func(rows pgx.Rows) error {
+				var id int64
+				var state *string
+				var r FailResult
+				_, err := pgx.ForEachRow(rows, []any{&id, &state, &r.NextAttemptAt, &r.Reason}, func() error {
+					if state != nil {
+						r.State = *state
+					}
+					failed[id] = r
+					r = FailResult{}
+					return nil
+				})
+				return err
+			}, ids, attempts, docs)
+		if err != nil {
+			return nil, nil, err
 		}
 	}
 	if b.Len() == 0 {

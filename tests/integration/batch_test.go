@@ -306,6 +306,7 @@ func TestStartStepsMixedBatch(t *testing.T) {
 
 func TestBatchFunctionsRejectBadArguments(t *testing.T) {
 	t.Parallel()
+	one := func(id int64) []any { return []any{id} }
 	cases := []struct {
 		name  string
 		sql   string
@@ -328,6 +329,18 @@ func TestBatchFunctionsRejectBadArguments(t *testing.T) {
 			func(id int64) []any { return []any{[]int64{id}} }, "p_outputs must have one entry per step id (1), got 2"},
 		{"complete: NULL attempts", `SELECT * FROM stepready.complete_steps($1, NULL, '{"{}"}')`,
 			func(id int64) []any { return []any{[]int64{id}} }, "p_attempts"},
+		{"fail: repeated id", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint, $1], '{1,1}', '{"{}","{}"}')`,
+			one, "contains step"},
+		{"fail: fewer attempts", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{}', '{"{}"}')`,
+			one, "p_attempts must have one entry per step id (1), got 0"},
+		{"fail: fewer errors", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{}')`,
+			one, "p_errors must have one entry per step id (1), got 0"},
+		{"fail: samples of another length", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{"{}"}', now(), '{0,0}')`,
+			one, "p_jitter_samples must be NULL or have one entry per step id (1), got 2"},
+		{"fail: sample out of range", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{"{}"}', now(), '{1}')`,
+			one, "p_jitter_samples[1] must be in [0, 1), got 1"},
+		{"fail: bad error document", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{"[]"}')`,
+			one, "p_error must be a JSON object"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -613,35 +626,4 @@ func TestFailStepsDecidesEachEntryAsFailStep(t *testing.T) {
 	}
 	require.Equal(t, one.taskRow(taskA).Status, batch.taskRow(taskB).Status)
 	require.Equal(t, "skipped", batch.step(idsB["below"]).State, "skip_cascade reached the descendant")
-}
-
-func TestFailStepsRejectsBadArguments(t *testing.T) {
-	t.Parallel()
-	cases := []struct {
-		name, sql, want string
-	}{
-		{"repeated id", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint, $1], '{1,1}', '{"{}","{}"}')`, "contains step"},
-		{"fewer attempts", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{}', '{"{}"}')`,
-			"p_attempts must have one entry per step id (1), got 0"},
-		{"fewer errors", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{}')`,
-			"p_errors must have one entry per step id (1), got 0"},
-		{"samples of another length", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{"{}"}', now(), '{0,0}')`,
-			"p_jitter_samples must be NULL or have one entry per step id (1), got 2"},
-		{"sample out of range", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{"{}"}', now(), '{1}')`,
-			"p_jitter_samples[1] must be in [0, 1), got 1"},
-		{"bad error document", `SELECT * FROM stepready.fail_steps(ARRAY[$1::bigint], '{1}', '{"[]"}')`,
-			"p_error must be a JSON object"},
-	}
-	for _, tc := range cases {
-		t.Run(tc.name, func(t *testing.T) {
-			t.Parallel()
-			b := lcSetup(t)
-			taskID, id := b.oneStep("")
-			b.run(id, lcBase)
-			before := b.taskSnapshot(taskID)
-			_, err := b.db.Pool.Exec(b.ctx, tc.sql, id)
-			lcRequireSQLState(t, err, "22023", tc.want)
-			require.Equal(t, before, b.taskSnapshot(taskID), "nothing changed")
-		})
-	}
 }
