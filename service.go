@@ -9,10 +9,11 @@ import (
 
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/readiness"
+	"github.com/stepready/stepready/schedules"
 	"github.com/stepready/stepready/steps"
 )
 
-// service is a started client: the poller, the listener, the reaper and a dispatcher.
+// service is a started client: the poller, the listener, the reaper, the schedule leader and a dispatcher.
 type service struct {
 	cancelFetch context.CancelFunc // stops claiming, listening and reaping
 	fetchWG     sync.WaitGroup
@@ -102,6 +103,8 @@ func (c *Client) Start(ctx context.Context) error {
 	run("poller", p.Run)
 	rp := &readiness.Reaper{Pool: c.pool, Interval: cfg.ReapInterval, Logger: log, Metrics: m}
 	run("reaper", rp.Run)
+	sl := &schedules.Leader{Pool: c.pool, Logger: log, Metrics: schedules.NewMetrics(cfg.Metrics)}
+	run("schedule leader", sl.Run)
 
 	c.svc = svc
 	log.Info("stepready: client started", slog.String("worker", cfg.WorkerID), slog.String("dispatch", cfg.Dispatch),

@@ -286,6 +286,11 @@ BEGIN
     NEW.task_priority       := v_task.priority;
     NEW.breaker_fingerprint := NULL;
     NEW.breaker_count       := 0;
+    -- run_at (SPEC §15) delays the first attempt like a backoff would, so the claim index and next_claim_at
+    -- need nothing more (sql/120_run_at.sql).
+    IF v_task.run_at IS NOT NULL AND NEW.state = 'pending' AND NEW.attempts = 0 THEN
+        NEW.next_attempt_at := GREATEST(NEW.next_attempt_at, v_task.run_at);
+    END IF;
     IF NEW.state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually') THEN
         NEW.completed_at := COALESCE(NEW.completed_at, now());
     END IF;

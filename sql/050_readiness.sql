@@ -50,8 +50,11 @@ AS $$
                par.total = par.satisfied AS dependencies_satisfied,
                stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable) AS retry_eligible,
                s.next_attempt_at,
-               stepready._blocked_reason(t.status, t.paused, s.state, par.total = par.satisfied, s.attempts,
-                                         s.max_attempts, s.retryable, s.next_attempt_at, p_as_of) AS blocked_reason
+               CASE WHEN t.status IN ('pending', 'in_progress') AND NOT t.paused AND t.run_at > p_as_of
+                    THEN 'scheduled' -- SPEC §15: right after task_paused
+                    ELSE stepready._blocked_reason(t.status, t.paused, s.state, par.total = par.satisfied,
+                                                   s.attempts, s.max_attempts, s.retryable, s.next_attempt_at,
+                                                   p_as_of) END AS blocked_reason
           FROM stepready.steps s
           JOIN stepready.tasks t ON t.id = s.task_id
           -- Parents are read from the table, never from the (possibly filtered) result set.

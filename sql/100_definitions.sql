@@ -84,7 +84,7 @@ BEGIN
         PERFORM stepready._definition_error('definition', 'must be a JSON object');
     END IF;
     PERFORM stepready._reject_unknown_keys(d,
-        ARRAY['name', 'namespace', 'context', 'priority', 'idempotency_key', 'retry', 'steps'], 'definition');
+        ARRAY['name', 'namespace', 'context', 'priority', 'idempotency_key', 'retry', 'steps', 'run_at'], 'definition');
     IF stepready._json_text(d -> 'name', 'name') IS NULL THEN
         PERFORM stepready._definition_error('name', 'is required');
     END IF;
@@ -94,6 +94,7 @@ BEGIN
     END IF;
     PERFORM stepready._json_integer(d -> 'priority', 'priority', -2147483648, 2147483647);
     PERFORM stepready._json_text(d -> 'idempotency_key', 'idempotency_key');
+    PERFORM stepready._json_run_at(d -> 'run_at', 'run_at'); -- SPEC §15, sql/120_run_at.sql
     PERFORM stepready._validate_retry(d -> 'retry', 'retry');
     IF jsonb_typeof(d -> 'steps') IS DISTINCT FROM 'array' OR jsonb_array_length(d -> 'steps') = 0 THEN
         PERFORM stepready._definition_error('steps', 'must be a non-empty array of steps');
@@ -262,9 +263,10 @@ BEGIN
         END IF;
     END IF;
 
-    INSERT INTO stepready.tasks (name, namespace, context, priority, retry, idempotency_key)
+    INSERT INTO stepready.tasks (name, namespace, context, priority, retry, idempotency_key, run_at)
     VALUES (d ->> 'name', COALESCE(d ->> 'namespace', 'default'), COALESCE(NULLIF(d -> 'context', 'null'), '{}'),
-            COALESCE((d ->> 'priority')::numeric::int, 0), NULLIF(d -> 'retry', 'null'), v_key)
+            COALESCE((d ->> 'priority')::numeric::int, 0), NULLIF(d -> 'retry', 'null'), v_key,
+            stepready._json_run_at(d -> 'run_at', 'run_at'))
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING id INTO v_id;
     IF v_id IS NULL THEN

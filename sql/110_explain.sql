@@ -7,13 +7,15 @@
 -- row of a step is always its blocked_reason):
 --   1 task_not_active           the task is not pending or in_progress
 --   2 task_paused               the task is paused
---   3 terminal                  the step is complete, error, skipped, cancelled or resolved_manually
---   4 in_flight                 the step is enqueued or in_progress
---   5 waiting_for_dependencies  one row per parent that does not satisfy the dependency
---   6 not_retryable             attempts >= 1 and the step is not retryable
---   7 retries_exhausted         attempts >= max_attempts (and the step is retryable)
---   8 backoff                   next_attempt_at > p_as_of
--- Ranks 1-4 are reported for every step. Ranks 5-8 only for a step waiting to start (pending or
+--   3 scheduled                 the task's run_at is after p_as_of (SPEC §15)
+--   4 terminal                  the step is complete, error, skipped, cancelled or resolved_manually
+--   5 in_flight                 the step is enqueued or in_progress
+--   6 waiting_for_dependencies  one row per parent that does not satisfy the dependency
+--   7 not_retryable             attempts >= 1 and the step is not retryable
+--   8 retries_exhausted         attempts >= max_attempts (and the step is retryable)
+--   9 backoff                   next_attempt_at > p_as_of (not reported when it is the task's run_at, already
+--                               reported as scheduled)
+-- Ranks 1-5 are reported for every step. Ranks 6-9 only for a step waiting to start (pending or
 -- waiting_for_retry): for a terminal or in-flight step they decide nothing (a complete step with attempts =
 -- max_attempts is not "exhausted"), and reporting them would only mislead.
 
@@ -54,7 +56,7 @@ LANGUAGE sql STABLE
 AS $$
     WITH s AS (
         SELECT s.id, s.task_id, s.name, s.state, s.attempts, s.max_attempts, s.retryable, s.next_attempt_at,
-               t.status AS task_status, t.paused AS task_paused,
+               t.status AS task_status, t.paused AS task_paused, t.run_at AS task_run_at,
                s.state IN ('pending', 'waiting_for_retry') AS waiting,
                stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable) AS eligible
           FROM stepready.steps s
@@ -70,17 +72,26 @@ AS $$
         SELECT s.*, 2, 'task_paused', 'task paused', NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.task_paused
         UNION ALL
-        SELECT s.*, 3, 'terminal', format('step is %s', s.state), NULL, NULL, NULL, NULL, NULL
+        SELECT s.*, 3, 'scheduled',
+               format('scheduled: starts at %s (in %s)',
+                      to_char(s.task_run_at,
+                              CASE WHEN s.task_run_at::date = p_as_of::date THEN 'HH24:MI:SS'
+                                   ELSE 'YYYY-MM-DD HH24:MI:SS' END),
+                      stepready._explain_duration(ceil(extract(epoch FROM s.task_run_at - p_as_of) * 1000)::bigint)),
+               NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.task_run_at > p_as_of
+        UNION ALL
+        SELECT s.*, 4, 'terminal', format('step is %s', s.state), NULL, NULL, NULL, NULL, NULL
           FROM s WHERE stepready._is_terminal(s.state)
         UNION ALL
-        SELECT s.*, 4, 'in_flight',
+        SELECT s.*, 5, 'in_flight',
                format('in flight: %s, attempt %s/%s', s.state,
                       CASE WHEN s.state = 'in_progress' THEN s.attempts ELSE s.attempts + 1 END,
                       COALESCE(s.max_attempts, 3)),
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.state IN ('enqueued', 'in_progress')
         UNION ALL
-        SELECT s.*, 5, 'waiting_for_dependencies',
+        SELECT s.*, 6, 'waiting_for_dependencies',
                format('waiting for `%s` (%s, attempt %s/%s)', ps.name, ps.state, ps.attempts,
                       COALESCE(ps.max_attempts, 3)),
                ps.id, ps.name, ps.state, ps.attempts, ps.max_attempts
@@ -89,15 +100,15 @@ AS $$
           JOIN stepready.steps ps ON ps.id = e.parent_step_id
          WHERE s.waiting AND NOT stepready._satisfies(ps.state)
         UNION ALL
-        SELECT s.*, 6, 'not_retryable', 'not retryable after first attempt', NULL, NULL, NULL, NULL, NULL
+        SELECT s.*, 7, 'not_retryable', 'not retryable after first attempt', NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND NOT s.eligible AND NOT COALESCE(s.retryable, true)
         UNION ALL
-        SELECT s.*, 7, 'retries_exhausted',
+        SELECT s.*, 8, 'retries_exhausted',
                format('retries exhausted %s/%s', s.attempts, COALESCE(s.max_attempts, 3)),
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND NOT s.eligible AND COALESCE(s.retryable, true)
         UNION ALL
-        SELECT s.*, 8, 'backoff',
+        SELECT s.*, 9, 'backoff',
                format('backoff until %s (in %s)',
                       -- The date only when it is not the day of p_as_of (session time zone).
                       to_char(s.next_attempt_at,
@@ -107,6 +118,7 @@ AS $$
                           ceil(extract(epoch FROM s.next_attempt_at - p_as_of) * 1000)::bigint)),
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND s.next_attempt_at > p_as_of
+                   AND s.next_attempt_at IS DISTINCT FROM s.task_run_at
     )
     SELECT r.task_id, r.id, r.name, r.state, r.rank, r.reason, r.message, r.p_id, r.p_name, r.p_state,
            r.p_attempts, r.p_max, r.attempts, r.max_attempts, r.retryable, r.next_attempt_at,
