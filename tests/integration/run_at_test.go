@@ -1,0 +1,124 @@
+package integration
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// run_at (SPEC §15): no step of the task is claimable before it; step_readiness says `scheduled`, right after
+// task_paused; at run_at the steps are claimable. The rule rides on next_attempt_at, so next_claim_at wakes the
+// daemon at run_at.
+func TestRunAtBoundary(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	runAt := lcBase.Add(time.Hour)
+	taskID, ids := b.task(fmt.Sprintf(`{"name": "later", "run_at": %q,
+		"steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h", "depends_on": ["a"]}]}`,
+		runAt.Format(time.RFC3339)))
+
+	var stored time.Time
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT run_at FROM stepready.tasks WHERE id = $1`, taskID).Scan(&stored))
+	require.True(t, runAt.Equal(stored))
+
+	for _, tc := range []struct {
+		name   string
+		asOf   time.Time
+		reason string
+	}{
+		{"an hour before", lcBase, "scheduled"},
+		{"1 ms before", runAt.Add(-time.Millisecond), "scheduled"},
+		{"1 µs before", runAt.Add(-lcTick), "scheduled"},
+		{"at run_at", runAt, ""},
+	} {
+		if tc.reason == "" {
+			b.requireReady(ids["a"], tc.asOf)
+		} else {
+			b.requireNotReady(ids["a"], tc.asOf, tc.reason)
+		}
+		// The child is scheduled too: `scheduled` comes before waiting_for_dependencies.
+		if tc.reason != "" {
+			b.requireNotReady(ids["b"], tc.asOf, "scheduled")
+		}
+	}
+	var next *time.Time
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.next_claim_at($1)`, lcBase).Scan(&next))
+	require.NotNil(t, next)
+	require.True(t, runAt.Equal(*next), "the daemon wakes at run_at")
+
+	require.Empty(t, b.claim(10, runAt.Add(-time.Millisecond)), "not started 1 ms before run_at")
+	got := b.claim(10, runAt)
+	require.Len(t, got, 1)
+	require.Equal(t, ids["a"], got[0].StepID, "started at run_at")
+
+	// Paused wins over scheduled (§5's order: task_paused, then scheduled).
+	other, oids := b.task(fmt.Sprintf(`{"name": "p", "run_at": %q, "steps": [{"name": "x", "handler": "h"}]}`,
+		runAt.Format(time.RFC3339)))
+	b.exec(`SELECT stepready.pause_task($1)`, other)
+	b.requireNotReady(oids["x"], lcBase, "task_paused")
+}
+
+// explain names the start time and the wait; a backoff equal to run_at is not reported twice.
+func TestRunAtExplain(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	runAt := lcBase.Add(59 * time.Minute)
+	_, ids := b.task(fmt.Sprintf(`{"name": "later", "run_at": %q, "steps": [{"name": "a", "handler": "h"}]}`,
+		runAt.Format(time.RFC3339)))
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT reason, message FROM stepready.explain_step($1, $2)`, ids["a"], lcBase)
+	require.NoError(t, err)
+	var got []string
+	for rows.Next() {
+		var reason, message string
+		require.NoError(t, rows.Scan(&reason, &message))
+		got = append(got, reason+": "+message)
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"scheduled: scheduled: starts at 00:59:00 (in 59m00s)"}, got)
+}
+
+// Plain SQL: an INSERT of a task with run_at, then its steps, delays them the same way; changing run_at moves
+// the steps that have not started.
+func TestRunAtPlainSQL(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	runAt := lcBase.Add(10 * time.Minute)
+	var taskID, stepID int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `INSERT INTO stepready.tasks (name, run_at) VALUES ('plain', $1)
+		RETURNING id`, runAt).Scan(&taskID))
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `INSERT INTO stepready.steps (task_id, name, handler)
+		VALUES ($1, 's', 'h') RETURNING id`, taskID).Scan(&stepID))
+	b.requireNotReady(stepID, runAt.Add(-lcTick), "scheduled")
+	b.requireReady(stepID, runAt)
+
+	later := lcBase.Add(20 * time.Minute)
+	b.exec(`UPDATE stepready.tasks SET run_at = $2 WHERE id = $1`, taskID, later)
+	b.requireNotReady(stepID, runAt, "scheduled")
+	require.Empty(t, b.claim(10, later.Add(-lcTick)))
+	b.exec(`UPDATE stepready.tasks SET run_at = NULL WHERE id = $1`, taskID)
+	b.requireReady(stepID, lcBase)
+}
+
+// Bad run_at values are definition errors naming the field.
+func TestRunAtValidation(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	for _, tc := range []struct{ value, want string }{
+		{`"tomorrow"`, `run_at: must be an RFC 3339 timestamp`},
+		{`"2030-01-01T00:00:00"`, `run_at: must be an RFC 3339 timestamp`},
+		{`"2030-13-01T00:00:00Z"`, `run_at: is not a valid time`},
+		{`12`, `run_at: must be an RFC 3339 timestamp string, got number`},
+	} {
+		_, err := b.db.Pool.Exec(b.ctx, `SELECT stepready.create_task($1::jsonb)`,
+			`{"name": "x", "run_at": `+tc.value+`, "steps": [{"name": "a", "handler": "h"}]}`)
+		require.ErrorContains(t, err, tc.want, tc.value)
+	}
+	_, err := b.db.Pool.Exec(b.ctx, `SELECT stepready.create_task($1::jsonb)`,
+		`{"name": "x", "run_at": "2030-01-01T01:00:00.250+01:00", "steps": [{"name": "a", "handler": "h"}]}`)
+	require.NoError(t, err)
+	_, err = b.db.Pool.Exec(b.ctx, `SELECT stepready.create_task($1::jsonb)`,
+		`{"name": "x", "run_at": null, "steps": [{"name": "a", "handler": "h"}]}`)
+	require.NoError(t, err)
+}
