@@ -102,6 +102,7 @@ type taskShow struct {
 	taskRow
 	ExecutionStatus string     `json:"execution_status"`
 	NextAttemptAt   *time.Time `json:"next_attempt_at"`
+	RunAt           *time.Time `json:"run_at,omitempty"` // the task's delayed start (SPEC §15), NULL: none
 	AsOf            time.Time  `json:"as_of"`
 	StepList        []stepShow `json:"step_list"`
 }
@@ -164,10 +165,10 @@ func readTaskShow(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64) (
 	}
 	show := &taskShow{AsOf: now, StepList: []stepShow{}}
 	err = tx.QueryRow(ctx, `SELECT t.id, t.name, t.namespace, t.status, t.paused, c.total_steps, t.created_at,
-			t.updated_at, c.execution_status, c.next_attempt_at
+			t.updated_at, c.execution_status, c.next_attempt_at, t.run_at
 		FROM stepready.tasks t CROSS JOIN stepready.task_execution_context(t.id, $2) c WHERE t.id = $1`, id, now).
 		Scan(&show.ID, &show.Name, &show.Namespace, &show.Status, &show.Paused, &show.Steps, &show.CreatedAt,
-			&show.UpdatedAt, &show.ExecutionStatus, &show.NextAttemptAt)
+			&show.UpdatedAt, &show.ExecutionStatus, &show.NextAttemptAt, &show.RunAt)
 	if err == pgx.ErrNoRows {
 		return nil, fmt.Errorf("task %d does not exist", id)
 	} else if err != nil {
@@ -248,7 +249,9 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 	fmt.Fprintf(out, "task %d %q (%s%s): %s\n", t.ID, t.Name, t.Status, paused, t.ExecutionStatus)
 	fmt.Fprintf(out, "namespace %s · created %s · updated %s", t.Namespace, relative(t.CreatedAt, t.AsOf),
 		relative(t.UpdatedAt, t.AsOf))
-	if t.NextAttemptAt != nil {
+	if t.RunAt != nil && t.RunAt.After(t.AsOf) {
+		fmt.Fprintf(out, " · scheduled: starts at %s (%s)", t.RunAt.UTC().Format(time.RFC3339), relative(*t.RunAt, t.AsOf))
+	} else if t.NextAttemptAt != nil {
 		fmt.Fprintf(out, " · next attempt %s", relative(*t.NextAttemptAt, t.AsOf))
 	}
 	fmt.Fprintln(out)

@@ -157,12 +157,15 @@ type taskCreated struct {
 	Template       *string `json:"template,omitempty"`
 	IdempotencyKey *string `json:"idempotency_key,omitempty"`
 	Steps          int32   `json:"steps"`
+	// RunAt is the task's delayed start (--run-at, --in), when one was set.
+	RunAt *time.Time `json:"run_at,omitempty"`
 }
 
 // newTaskCreateCommand builds `scheduler task create`.
 func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 	var (
-		file, contextArg, key string
+		file, contextArg, key, runAtArg string
+		in                              time.Duration
 	)
 	cmd := &cobra.Command{
 		Use:   "create TEMPLATE | -f FILE",
@@ -170,10 +173,13 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 		Long: "Create a task from the newest version of a stored template (stepready.create_task_from_template),\n" +
 			"with --context merged over the template's context (top-level keys win); or, with -f, from a YAML file\n" +
 			"holding one task definition (stepready.create_task). With an idempotency key that already names a task,\n" +
-			"nothing is created and that task's id is printed.",
+			"nothing is created and that task's id is printed. --run-at or --in delays the start of the task: no\n" +
+			"step of it is claimed before that time (SPEC §15).",
 		Example: "  scheduler task create etl --context '{\"day\": \"2030-01-01\"}'\n" +
 			"  scheduler task create etl --context @context.json --idempotency-key etl-2030-01-01\n" +
-			"  scheduler task create -f task.yaml",
+			"  scheduler task create -f task.yaml\n" +
+			"  scheduler task create etl --in 1h\n" +
+			"  scheduler task create etl --run-at 2030-01-01T02:00:00Z",
 		Args: usageArgs(cobra.MaximumNArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			var (
@@ -181,6 +187,19 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 				ctxDoc     json.RawMessage
 				template   *string
 			)
+			var runAt *time.Time
+			switch {
+			case runAtArg != "" && in != 0:
+				return usagef("give --run-at or --in, not both")
+			case runAtArg != "":
+				t, err := time.Parse(time.RFC3339Nano, runAtArg)
+				if err != nil {
+					return usagef("--run-at %q: want an RFC 3339 time such as 2030-01-01T02:00:00Z", runAtArg)
+				}
+				runAt = &t
+			case in < 0:
+				return usagef("--in %s: must not be negative", in)
+			}
 			switch {
 			case file != "" && len(args) > 0:
 				return usagef("give a TEMPLATE or -f FILE, not both")
@@ -225,7 +244,37 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 					res.IdempotencyKey = &key
 				}
 				err := pgx.BeginFunc(cmd.Context(), conn, func(tx pgx.Tx) error {
-					return createTask(cmd.Context(), tx, res, definition, ctxDoc)
+					if in > 0 {
+						var t time.Time
+						if err := tx.QueryRow(cmd.Context(), `SELECT now() + make_interval(secs => $1)`,
+							in.Seconds()).Scan(&t); err != nil {
+							return err
+						}
+						runAt = &t
+					}
+					if runAt != nil && definition != nil {
+						var d map[string]any
+						if err := json.Unmarshal(definition, &d); err != nil {
+							return err
+						}
+						d["run_at"] = runAt.Format(time.RFC3339Nano)
+						definition, _ = json.Marshal(d)
+					}
+					if err := createTask(cmd.Context(), tx, res, definition, ctxDoc); err != nil {
+						return err
+					}
+					if runAt != nil && res.Created && template != nil {
+						// A template carries no start time of its own: set it before the task commits; the
+						// tasks_run_at trigger moves its steps' first attempts.
+						if _, err := tx.Exec(cmd.Context(), `UPDATE stepready.tasks SET run_at = $2 WHERE id = $1`,
+							res.TaskID, *runAt); err != nil {
+							return err
+						}
+					}
+					if runAt != nil && res.Created {
+						res.RunAt = runAt
+					}
+					return nil
 				})
 				if err != nil {
 					return err
@@ -237,6 +286,9 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 				switch {
 				case !res.Created:
 					fmt.Fprintf(out, "task %d already exists with idempotency key %q: nothing created\n", res.TaskID, key)
+				case res.RunAt != nil:
+					fmt.Fprintf(out, "task %d created (%d steps), scheduled to start at %s\n", res.TaskID, res.Steps,
+						res.RunAt.UTC().Format(time.RFC3339))
 				case template != nil:
 					fmt.Fprintf(out, "task %d created from template %s (%d steps)\n", res.TaskID, *template, res.Steps)
 				default:
@@ -250,6 +302,8 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 	cmd.Flags().StringVar(&contextArg, "context", "", "the task's context: a JSON object, or @FILE (with TEMPLATE)")
 	cmd.Flags().StringVar(&key, "idempotency-key", "",
 		"create the task only if no task has this key; else print the existing task's id")
+	cmd.Flags().StringVar(&runAtArg, "run-at", "", "start the task no earlier than this time (RFC 3339)")
+	cmd.Flags().DurationVar(&in, "in", 0, "start the task no earlier than this long from now (database time), e.g. 1h")
 	return cmd
 }
 
