@@ -44,15 +44,24 @@ func newTemplateCommand(_ *globalOptions) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				type row struct {
+				type schedRow struct {
 					Name    string `json:"name"`
-					Version int    `json:"version"`
-					File    string `json:"file"`
 					Created bool   `json:"created"`
+				}
+				type row struct {
+					Name      string     `json:"name"`
+					Version   int        `json:"version"`
+					File      string     `json:"file"`
+					Created   bool       `json:"created"`
+					Schedules []schedRow `json:"schedules,omitempty"`
 				}
 				rows := make([]row, 0, len(applied))
 				for _, a := range applied {
-					rows = append(rows, row{a.Name, a.Version, a.File, a.Created})
+					r := row{Name: a.Name, Version: a.Version, File: a.File, Created: a.Created}
+					for i, d := range a.Template.Schedules {
+						r.Schedules = append(r.Schedules, schedRow{d.Name, a.SchedulesCreated[i]})
+					}
+					rows = append(rows, r)
 				}
 				if format == outputJSON {
 					return writeJSON(cmd.OutOrStdout(), rows)
@@ -63,6 +72,13 @@ func newTemplateCommand(_ *globalOptions) *cobra.Command {
 						verb = "created"
 					}
 					fmt.Fprintf(cmd.OutOrStdout(), "template %s version %d %s (%s)\n", r.Name, r.Version, verb, r.File)
+					for _, sr := range r.Schedules {
+						verb := "replaced"
+						if sr.Created {
+							verb = "created"
+						}
+						fmt.Fprintf(cmd.OutOrStdout(), "schedule %s %s (%s)\n", sr.Name, verb, r.File)
+					}
 				}
 				return nil
 			})

@@ -26,6 +26,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepready/stepready/rules"
+	"github.com/stepready/stepready/schedules"
 )
 
 var (
@@ -46,6 +47,9 @@ type Template struct {
 	File string
 	// Definition is the task definition as JSON.
 	Definition json.RawMessage
+	// Schedules are the cron schedules the file declares (its top-level `schedules:` list, not part of the
+	// definition); a schedule without a template uses this one. Apply creates or replaces them.
+	Schedules []schedules.Definition
 }
 
 // Parse decodes one YAML template. file names it in errors. The document must be a mapping with a non-empty
@@ -69,6 +73,13 @@ func Parse(file string, data []byte) (Template, error) {
 	if !ok || name == "" {
 		return Template{}, fmt.Errorf("%s: name: a non-empty string is required", file)
 	}
+	var scheds []schedules.Definition
+	if v, ok := def["schedules"]; ok {
+		if scheds, err = parseSchedules(file, name, v); err != nil {
+			return Template{}, err
+		}
+		delete(def, "schedules")
+	}
 	b, err := json.Marshal(def)
 	if err != nil {
 		return Template{}, fmt.Errorf("%s: not representable as JSON: %w", file, err)
@@ -77,7 +88,43 @@ func Parse(file string, data []byte) (Template, error) {
 	if err := rules.Validate(b); err != nil {
 		return Template{}, fmt.Errorf("%s: %w", file, err)
 	}
-	return Template{Name: name, Version: version, File: file, Definition: b}, nil
+	return Template{Name: name, Version: version, File: file, Definition: b, Schedules: scheds}, nil
+}
+
+// parseSchedules reads a template's `schedules:` list: each entry has the fields of `scheduler schedule create`
+// (name, template, cron, timezone, context, overlap); template defaults to the file's template. Cron and time
+// zone are checked here, with the entry's index and name.
+func parseSchedules(file, template string, v any) ([]schedules.Definition, error) {
+	list, ok := v.([]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: schedules: must be a list of schedules, got %s", file, describe(v))
+	}
+	out := make([]schedules.Definition, 0, len(list))
+	seen := map[string]bool{}
+	for i, e := range list {
+		b, err := json.Marshal(e)
+		if err != nil {
+			return nil, fmt.Errorf("%s: schedules[%d]: not representable as JSON: %w", file, i, err)
+		}
+		dec := json.NewDecoder(bytes.NewReader(b))
+		dec.DisallowUnknownFields()
+		var d schedules.Definition
+		if err := dec.Decode(&d); err != nil {
+			return nil, fmt.Errorf("%s: schedules[%d]: %w", file, i, err)
+		}
+		if d.Template == "" {
+			d.Template = template
+		}
+		if _, err := d.Validate(); err != nil {
+			return nil, fmt.Errorf("%s: schedules[%d]: %w", file, i, err)
+		}
+		if seen[d.Name] {
+			return nil, fmt.Errorf("%s: schedules[%d]: name %q: declared twice", file, i, d.Name)
+		}
+		seen[d.Name] = true
+		out = append(out, d)
+	}
+	return out, nil
 }
 
 // ParseDefinition decodes one YAML task definition (the document `scheduler task create -f` reads) into the
@@ -139,6 +186,7 @@ type definitionKeys struct {
 	Context        any        `yaml:"context"`
 	Priority       any        `yaml:"priority"`
 	IdempotencyKey any        `yaml:"idempotency_key"`
+	RunAt          any        `yaml:"run_at"`
 	Retry          *retryKeys `yaml:"retry"`
 	Steps          []stepKeys `yaml:"steps"`
 }
@@ -146,11 +194,13 @@ type definitionKeys struct {
 // templateKeys is definitionKeys plus the template's version.
 type templateKeys struct {
 	Version        any        `yaml:"version"`
+	Schedules      any        `yaml:"schedules"`
 	Name           any        `yaml:"name"`
 	Namespace      any        `yaml:"namespace"`
 	Context        any        `yaml:"context"`
 	Priority       any        `yaml:"priority"`
 	IdempotencyKey any        `yaml:"idempotency_key"`
+	RunAt          any        `yaml:"run_at"`
 	Retry          *retryKeys `yaml:"retry"`
 	Steps          []stepKeys `yaml:"steps"`
 }
@@ -269,6 +319,8 @@ type Applied struct {
 	Template
 	// Created is true when the name and version were new, false when an existing definition was replaced.
 	Created bool
+	// SchedulesCreated says, for each of Template.Schedules in order, whether it was new (false: replaced).
+	SchedulesCreated []bool
 }
 
 // Apply is Store, reporting for each template whether it was created or replaced.
@@ -287,6 +339,13 @@ func Apply(ctx context.Context, db interface {
 		a.Version = cmp.Or(a.Version, 1)
 		if err := tx.QueryRow(ctx, upsertTemplateSQL, t.Name, t.Definition, a.Version).Scan(&a.Created); err != nil {
 			return nil, fmt.Errorf("templates: %s: store template %q: %w", t.File, t.Name, err)
+		}
+		for _, d := range t.Schedules {
+			created, err := schedules.Put(ctx, tx, d, true)
+			if err != nil {
+				return nil, fmt.Errorf("templates: %s: store schedule %q: %w", t.File, d.Name, err)
+			}
+			a.SchedulesCreated = append(a.SchedulesCreated, created)
 		}
 		out = append(out, a)
 	}
