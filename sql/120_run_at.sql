@@ -47,6 +47,11 @@ BEGIN
        SET next_attempt_at = NEW.run_at, updated_at = now()
      WHERE s.task_id = NEW.id AND s.state = 'pending' AND s.attempts = 0 AND s.iteration = 0
        AND s.next_attempt_at IS DISTINCT FROM NEW.run_at;
+    -- A new future start is a new wake-up time for the daemons (a start moved to now or earlier notifies through
+    -- steps_after_update already).
+    IF NEW.run_at > now() THEN
+        PERFORM stepready._notify_ready(ARRAY[NEW.id]);
+    END IF;
     RETURN NULL;
 END;
 $$;
@@ -55,3 +60,21 @@ CREATE OR REPLACE TRIGGER tasks_run_at
     AFTER UPDATE OF run_at ON stepready.tasks
     FOR EACH ROW WHEN (OLD.run_at IS DISTINCT FROM NEW.run_at)
     EXECUTE FUNCTION stepready._tasks_run_at();
+
+-- A task created with a future run_at has no step claimable now, so steps_notify stays silent; but the daemons'
+-- wake-up timer (next_claim_at, read after every claim) must learn the new time, or they would start it only at
+-- their next poll. One notification per such task, at commit; tasks without run_at pay nothing (WHEN clause).
+CREATE OR REPLACE FUNCTION stepready._tasks_notify_run_at()
+RETURNS trigger
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    PERFORM stepready._notify_ready(ARRAY[NEW.id]);
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER tasks_notify_run_at
+    AFTER INSERT ON stepready.tasks
+    FOR EACH ROW WHEN (NEW.run_at IS NOT NULL)
+    EXECUTE FUNCTION stepready._tasks_notify_run_at();
