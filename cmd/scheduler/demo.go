@@ -163,7 +163,9 @@ func (o *globalOptions) runDemo(ctx context.Context, p *demoParams, logger *slog
 	if watchErr == nil && !p.exitWhenDone {
 		fmt.Fprintf(out, "\nThe demo tasks are done. The daemon keeps running; create more tasks with\n"+
 			"  psql '%s' -c \"SELECT stepready.create_task_from_template('flaky', '{}')\"\n"+
-			"and watch them here. Ctrl-C stops it.\n\n", redact(dbURL))
+			"or a schedule that creates one every ten seconds (this daemon fires it):\n"+
+			"  scheduler schedule create demo --template flaky --cron '@every 10s' --database-url '%s'\n"+
+			"and watch them here. Ctrl-C stops it.\n\n", redact(dbURL), redact(dbURL))
 		watchErr = account.Follow(ctx)
 	}
 	if ctx.Err() != nil {

@@ -1,12 +1,18 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready/tests/integration/pgtest"
 )
 
 func TestScheduleCommands(t *testing.T) {
@@ -116,4 +122,69 @@ func TestTaskCreateRunAt(t *testing.T) {
 	require.ErrorContains(t, err, "--run-at")
 	_, _, err = b.run("task", "create", "etl", "--run-at", "2031-01-01T00:00:00Z", "--in", "1h")
 	require.ErrorContains(t, err, "not both")
+}
+
+// syncBuffer is a bytes.Buffer safe for one writer and concurrent readers.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// A schedule created with the CLI while the demo runs (`make run`) fires in the demo's daemon, and its tasks
+// appear in the live account.
+func TestDemoFiresASchedule(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var out, errOut syncBuffer
+	root := newRootCommandWith(&globalOptions{stdout: &out, stderr: &errOut,
+		lookupEnv: func(string) (string, bool) { return "", false },
+		exit:      func(code int) { t.Errorf("exit(%d) called", code) }})
+	root.SetArgs([]string{"demo", "--database-url", db.URL})
+	done := make(chan error, 1)
+	go func() { done <- root.ExecuteContext(ctx) }()
+
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		deadline := time.Now().Add(60 * time.Second)
+		for !cond() {
+			select {
+			case err := <-done:
+				t.Fatalf("demo ended while waiting for %s: %v\n%s\n%s", what, err, out.String(), errOut.String())
+			default:
+			}
+			require.False(t, time.Now().After(deadline), "%s: not reached\n%s", what, out.String())
+			<-time.After(50 * time.Millisecond)
+		}
+	}
+	waitFor("the daemon keeps running", func() bool { return strings.Contains(out.String(), "The daemon keeps running") })
+	require.Contains(t, out.String(), "scheduler schedule create")
+
+	_, stderr, err := executeIsolated(context.Background(), t, "schedule", "create", "every-second",
+		"--template", "diamond", "--cron", "@every 1s", "--database-url", db.URL)
+	require.NoError(t, err, stderr)
+	var id int64
+	waitFor("a scheduled task completes", func() bool {
+		err := db.Pool.QueryRow(context.Background(), `SELECT id FROM stepready.tasks
+			WHERE idempotency_key LIKE 'schedule:every-second:%' AND status = 'complete' ORDER BY id LIMIT 1`).Scan(&id)
+		return err == nil
+	})
+	waitFor("the account shows it", func() bool {
+		return strings.Contains(out.String(), fmt.Sprintf("task diamond#%d complete", id))
+	})
+	cancel()
+	require.NoError(t, <-done)
 }
