@@ -112,8 +112,9 @@ AS $$
                (count(*) FILTER (WHERE r.state = 'cancelled'))::int AS cancelled,
                (count(*) FILTER (WHERE stepready._satisfies(r.state)))::int AS satisfied,
                (count(*) FILTER (WHERE r.ready))::int AS ready,
-               -- Waiting only on its backoff: everything else would let it run.
-               (count(*) FILTER (WHERE r.blocked_reason = 'backoff'))::int AS backoff,
+               -- Waiting only on its backoff: everything else would let it run. A delayed start (run_at,
+               -- reported as scheduled) is a delayed first attempt, like a backoff.
+               (count(*) FILTER (WHERE r.blocked_reason IN ('backoff', 'scheduled')))::int AS backoff,
                min(r.next_attempt_at) FILTER (WHERE r.state IN ('pending', 'waiting_for_retry')
                                                 AND r.next_attempt_at > p_as_of) AS next_attempt_at
           FROM stepready.step_readiness(ARRAY[t.id], NULL, p_as_of) r

@@ -122,3 +122,18 @@ func TestRunAtValidation(t *testing.T) {
 		`{"name": "x", "run_at": null, "steps": [{"name": "a", "handler": "h"}]}`)
 	require.NoError(t, err)
 }
+
+// task_execution_context: a task waiting for its run_at waits like a delayed first attempt, and says when.
+func TestRunAtExecutionContext(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	runAt := lcBase.Add(time.Hour)
+	taskID, _ := b.task(fmt.Sprintf(`{"name": "later", "run_at": %q, "steps": [{"name": "a", "handler": "h"}]}`,
+		runAt.Format(time.RFC3339)))
+	var status string
+	var next *time.Time
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT execution_status, next_attempt_at
+		FROM stepready.task_execution_context($1, $2)`, taskID, lcBase).Scan(&status, &next))
+	require.Equal(t, "waiting_for_retry", status)
+	require.True(t, runAt.Equal(*next))
+}
