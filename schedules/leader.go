@@ -248,14 +248,8 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 			[]string{"schedule"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.fires, m.errors} {
-			if err := reg.Register(c); err != nil {
-				var are prometheus.AlreadyRegisteredError
-				if !errors.As(err, &are) {
-					panic(err)
-				}
-			}
-		}
+		m.fires = register(reg, m.fires)
+		m.errors = register(reg, m.errors)
 	}
 	return m
 }
@@ -270,4 +264,19 @@ func (m *Metrics) errored(schedule string) {
 	if m != nil {
 		m.errors.WithLabelValues(schedule).Inc()
 	}
+}
+
+// register registers c with reg; when an identical collector is already registered (a second client on the same
+// registry), that one is used, so both clients count into the same series.
+func register(reg prometheus.Registerer, c *prometheus.CounterVec) *prometheus.CounterVec {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(*prometheus.CounterVec); ok {
+				return existing
+			}
+		}
+		panic(fmt.Sprintf("schedules: register metrics: %v", err))
+	}
+	return c
 }

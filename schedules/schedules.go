@@ -28,20 +28,20 @@ var ErrNotFound = errors.New("schedules: schedule does not exist")
 var ErrExists = errors.New("schedules: schedule already exists")
 
 // Definition is what a user writes: the fields of `scheduler schedule create` and of a template's
-// `schedules:` list.
+// `schedules:` list (YAML, read through its JSON form).
 type Definition struct {
 	// Name identifies the schedule; it is part of every task's idempotency key. Required.
-	Name string `json:"name" yaml:"name"`
+	Name string `json:"name"`
 	// Template is the task template each fire creates a task from (its newest version at the time). Required.
-	Template string `json:"template" yaml:"template"`
+	Template string `json:"template"`
 	// Cron is five fields, six with seconds first, @every DURATION, or a descriptor (@hourly, @daily, …).
-	Cron string `json:"cron" yaml:"cron"`
+	Cron string `json:"cron"`
 	// Timezone is the IANA zone the cron fields are read in (default UTC).
-	Timezone string `json:"timezone,omitempty" yaml:"timezone"`
+	Timezone string `json:"timezone,omitempty"`
 	// Context is merged over the template's context in every task (a JSON object; default {}).
-	Context json.RawMessage `json:"context,omitempty" yaml:"-"`
+	Context json.RawMessage `json:"context,omitempty"`
 	// Overlap is OverlapAllow (default) or OverlapSkip.
-	Overlap string `json:"overlap,omitempty" yaml:"overlap"`
+	Overlap string `json:"overlap,omitempty"`
 }
 
 // Validate checks the definition and returns its parsed cron spec. Every error wraps ErrInvalid and names the

@@ -137,3 +137,40 @@ func TestRunAtExecutionContext(t *testing.T) {
 	require.Equal(t, "waiting_for_retry", status)
 	require.True(t, runAt.Equal(*next))
 }
+
+// A task scheduled for next year costs nothing until then: with thousands of scheduled steps in the tables,
+// claim_ready_steps and next_claim_at read about as many rows as there are ready steps.
+func TestRunAtClaimCostFollowsReadySteps(t *testing.T) {
+	t.Parallel()
+	b := p1Setup(t)
+	conn := b.db.Conn(t)
+	ctx := t.Context()
+	asOf := p1Base
+	_, err := conn.Exec(ctx, `WITH t AS (INSERT INTO stepready.tasks (name, run_at)
+			SELECT 'next-year', $1::timestamptz FROM generate_series(1, 3000) RETURNING id)
+		INSERT INTO stepready.steps (task_id, name, handler) SELECT id, 's', 'noop' FROM t`, asOf.AddDate(1, 0, 0))
+	require.NoError(t, err)
+	const ready = 5
+	for i := range ready {
+		_, err := conn.Exec(ctx, `SELECT stepready.create_task($1::jsonb)`,
+			fmt.Sprintf(`{"name": "now%d", "steps": [{"name": "a", "handler": "noop"}]}`, i))
+		require.NoError(t, err)
+	}
+	_, err = conn.Exec(ctx, `VACUUM (ANALYZE) stepready.steps, stepready.tasks`)
+	require.NoError(t, err)
+
+	before := p1StepsTuplesRead(t, conn)
+	var claimed int64
+	require.NoError(t, conn.QueryRow(ctx,
+		`SELECT count(*) FROM stepready.claim_ready_steps(100, 'w', 60000, $1)`, asOf).Scan(&claimed))
+	read := p1StepsTuplesRead(t, conn) - before
+	require.Equal(t, int64(ready), claimed)
+	require.LessOrEqual(t, read, int64(10*ready+50), "tuples of steps read by one claim (3005 in the table)")
+
+	before = p1StepsTuplesRead(t, conn)
+	var next time.Time
+	require.NoError(t, conn.QueryRow(ctx, `SELECT stepready.next_claim_at($1)`, asOf).Scan(&next))
+	read = p1StepsTuplesRead(t, conn) - before
+	require.True(t, asOf.AddDate(1, 0, 0).Equal(next))
+	require.LessOrEqual(t, read, int64(10), "next_claim_at reads the first scheduled entry only")
+}
