@@ -99,6 +99,15 @@ func newScheduleCreateCommand(o *dbOptions) *cobra.Command {
 				if err != nil {
 					return err
 				}
+				var known bool
+				if err := conn.QueryRow(cmd.Context(), `SELECT EXISTS (SELECT 1 FROM stepready.task_templates
+						WHERE name = $1)`, d.Template).Scan(&known); err != nil {
+					return err
+				}
+				if !known {
+					fmt.Fprintf(cmd.ErrOrStderr(), "warning: template %s does not exist (yet): each fire fails, "+
+						"reported by schedule list, until it does\n", d.Template)
+				}
 				if format == outputJSON {
 					return writeJSON(cmd.OutOrStdout(), s)
 				}

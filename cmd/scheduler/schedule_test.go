@@ -39,6 +39,13 @@ func TestScheduleCommands(t *testing.T) {
 	require.NoError(t, err, stderr)
 	require.Contains(t, stdout, `schedule poll created: template etl, cron "@every 30s" (UTC), next fire `)
 
+	require.Empty(t, stderr)
+	_, stderr, err = b.run("schedule", "create", "ghost", "--template", "nope", "--cron", "@daily")
+	require.NoError(t, err)
+	require.Contains(t, stderr, "warning: template nope does not exist (yet)")
+	_, _, err = b.run("schedule", "delete", "ghost")
+	require.NoError(t, err)
+
 	_, stderr, err = b.run("schedule", "create", "poll", "--template", "etl", "--cron", "@every 30s")
 	require.ErrorContains(t, err, `schedule already exists: "poll"`, stderr)
 	_, _, err = b.run("schedule", "create", "bad", "--template", "etl", "--cron", "61 * * * *")
