@@ -21,7 +21,8 @@ func newExplainCommand(_ *globalOptions) *cobra.Command {
 		Short: "Say why steps are not ready: every reason, in plain words",
 		Long: "Print every step of a task (or, with --step, one step) with every reason it may not start now, in\n" +
 			"the precedence order of step_readiness (the first reason is its blocked_reason): task not active, task\n" +
-			"paused, terminal, in flight, each unsatisfied parent, not retryable, retries exhausted, backoff. A ready\n" +
+			"paused, scheduled (run_at), terminal, in flight, each unsatisfied parent, not retryable, retries\n" +
+			"exhausted, backoff. A ready\n" +
 			"step says \"ready\". Times are relative to the database's clock (or --as-of).",
 		Example: "  scheduler explain 12\n" +
 			"  scheduler explain --step 34\n" +
