@@ -30,6 +30,11 @@ LANGUAGE plpgsql
 -- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
 -- would re-plan every statement on every call (arrays make every custom plan look cheaper).
 SET plan_cache_mode = force_generic_plan
+-- The generic plan must be the nested loop over the primary key whatever the statistics say: on a never analyzed
+-- tasks table it was a sequential scan of every task, once per statement that adds steps.
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 BEGIN
     -- One update joined to the deltas by id (each task appears once in p_task_ids: the callers aggregate per

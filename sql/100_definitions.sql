@@ -242,67 +242,209 @@ BEGIN
 END;
 $$;
 
--- Creates a task from one JSON document and returns its id. An idempotency key already used returns the
--- existing task and creates nothing.
-CREATE OR REPLACE FUNCTION stepready.create_task(p_definition jsonb)
-RETURNS bigint
+-- Bulk creation (SPEC §12). create_tasks and create_task share _create_tasks, which validates every definition
+-- first and then writes all of them with one INSERT per table: the tasks, then their steps, then their edges.
+-- Nothing here reads a table by anything but a key, so the cost of a task depends neither on how many rows the
+-- tables hold nor on whether they were ever analyzed; the statements that read tables join them to arrays built
+-- from the definitions, and the function turns sequential scans and hash or merge joins off to make that hold
+-- whatever the planner believes. (It is set once per call, not per row.)
+--
+-- p_prefix names each element in error messages (`definitions[3]: steps[1] "load": ...`); create_task passes
+-- false, so a single definition's messages stay as they always were.
+CREATE OR REPLACE FUNCTION stepready._create_tasks(p_definitions jsonb, p_prefix bool)
+RETURNS TABLE (ordinal int, task_id bigint, created bool)
 LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
+#variable_conflict use_column
 DECLARE
-    d       jsonb := p_definition;
-    v_order text[];
-    v_id    bigint;
-    v_key   text;
+    v_n        int;
+    v_i        int := 0;
+    v_d        jsonb;
+    v_order    text[];
+    -- Topological position of every step of every definition: parallel arrays (definition ordinal, name, pos).
+    v_topo_ord int[] := '{}';
+    v_topo_nm  text[] := '{}';
+    v_topo_pos int[] := '{}';
+    v_keys     text[];
+    v_ex_keys  text[];
+    v_ex_ids   bigint[];
+    v_new_ords int[];
+    v_new_ids  bigint[];
+    v_ins_ids  bigint[];
+    v_st_ids   bigint[];
+    v_st_tasks bigint[];
+    v_st_names text[];
+    v_lost     text[];
+    v_state    text;
+    v_msg      text;
+    v_detail   text;
+    v_hint     text;
 BEGIN
-    v_order := stepready._check_definition(d);
-    v_key := d ->> 'idempotency_key';
-    IF v_key IS NOT NULL THEN
-        SELECT id INTO v_id FROM stepready.tasks WHERE idempotency_key = v_key;
-        IF FOUND THEN
-            RETURN v_id;
+    IF p_definitions IS NULL OR jsonb_typeof(p_definitions) <> 'array' THEN
+        PERFORM stepready._definition_error('definitions',
+            format('must be a JSON array of task definitions, got %s', COALESCE(jsonb_typeof(p_definitions), 'NULL')));
+    END IF;
+    v_n := jsonb_array_length(p_definitions);
+    IF v_n = 0 THEN
+        RETURN;
+    END IF;
+
+    -- 1. Validate everything before writing anything. One exception block for the whole loop (a block per
+    -- element would open a subtransaction per element): it only adds the element's index to the message.
+    BEGIN
+        FOR v_d IN SELECT value FROM jsonb_array_elements(p_definitions) LOOP
+            v_order := stepready._check_definition(v_d);
+            v_topo_ord := v_topo_ord || array_fill(v_i + 1, ARRAY[cardinality(v_order)]);
+            v_topo_nm := v_topo_nm || v_order;
+            v_topo_pos := v_topo_pos || ARRAY(SELECT generate_series(1, cardinality(v_order)));
+            v_i := v_i + 1;
+        END LOOP;
+    EXCEPTION WHEN OTHERS THEN
+        IF NOT p_prefix THEN
+            RAISE;
+        END IF;
+        GET STACKED DIAGNOSTICS v_state = RETURNED_SQLSTATE, v_msg = MESSAGE_TEXT, v_detail = PG_EXCEPTION_DETAIL,
+                                v_hint = PG_EXCEPTION_HINT;
+        v_msg := format('definitions[%s]: %s', v_i, v_msg);
+        IF COALESCE(v_detail, '') = '' AND COALESCE(v_hint, '') = '' THEN
+            RAISE EXCEPTION USING ERRCODE = v_state, MESSAGE = v_msg;
+        END IF;
+        RAISE EXCEPTION USING ERRCODE = v_state, MESSAGE = v_msg, DETAIL = COALESCE(v_detail, ''),
+                              HINT = COALESCE(v_hint, '');
+    END;
+
+    -- 2. Idempotency. An element is created when it has no key, or when it is the first of the call with its key
+    -- and no task holds that key yet; every other element answers with the id of the task that holds the key.
+    SELECT array_agg(DISTINCT k) INTO v_keys
+      FROM jsonb_array_elements(p_definitions) AS e(x), LATERAL (SELECT e.x ->> 'idempotency_key' AS k) kk
+     WHERE k IS NOT NULL;
+    IF v_keys IS NOT NULL THEN
+        SELECT array_agg(t.idempotency_key), array_agg(t.id) INTO v_ex_keys, v_ex_ids
+          FROM unnest(v_keys) AS k(key)
+          JOIN stepready.tasks t ON t.idempotency_key = k.key;
+    END IF;
+    SELECT array_agg(s.ord ORDER BY s.ord) INTO v_new_ords
+      FROM (SELECT e.ord::int AS ord, e.x ->> 'idempotency_key' AS key,
+                   min(e.ord) OVER (PARTITION BY e.x ->> 'idempotency_key') AS first
+              FROM jsonb_array_elements(p_definitions) WITH ORDINALITY AS e(x, ord)) s
+     WHERE s.key IS NULL OR (s.ord = s.first AND NOT s.key = ANY (COALESCE(v_ex_keys, '{}')));
+
+    -- 3. The tasks. Ids are drawn first, in input order, so each id is known to belong to its element whatever
+    -- ON CONFLICT skips: a key taken meanwhile by a concurrent creator (committed by now: the insert waited on its
+    -- index entry) is looked up below.
+    IF v_new_ords IS NOT NULL THEN
+        SELECT array_agg(nextval(pg_get_serial_sequence('stepready.tasks', 'id')) ORDER BY o)
+          INTO v_new_ids FROM unnest(v_new_ords) AS o;
+        WITH ins AS (
+            INSERT INTO stepready.tasks (id, name, namespace, context, priority, retry, idempotency_key, run_at)
+            OVERRIDING SYSTEM VALUE
+            SELECT n.id, d ->> 'name', COALESCE(d ->> 'namespace', 'default'),
+                   COALESCE(NULLIF(d -> 'context', 'null'), '{}'), COALESCE((d ->> 'priority')::numeric::int, 0),
+                   NULLIF(d -> 'retry', 'null'), d ->> 'idempotency_key',
+                   stepready._json_run_at(d -> 'run_at', 'run_at')
+              FROM unnest(v_new_ords, v_new_ids) AS n(ord, id)
+              CROSS JOIN LATERAL (SELECT p_definitions -> (n.ord - 1) AS d) dd
+             ORDER BY n.ord
+            ON CONFLICT (idempotency_key) DO NOTHING
+            RETURNING id
+        )
+        SELECT array_agg(id) INTO v_ins_ids FROM ins;
+        -- Later elements with the key of a task created here answer with its id.
+        SELECT v_ex_keys || array_agg(d ->> 'idempotency_key'), v_ex_ids || array_agg(n.id)
+          INTO v_ex_keys, v_ex_ids
+          FROM unnest(v_new_ords, v_new_ids) AS n(ord, id)
+         CROSS JOIN LATERAL (SELECT p_definitions -> (n.ord - 1) AS d) dd
+         WHERE n.id = ANY (COALESCE(v_ins_ids, '{}')) AND d ->> 'idempotency_key' IS NOT NULL;
+
+        -- 4. Their steps, in definition order (a step's id follows its position: internal/store relies on it).
+        IF v_ins_ids IS NOT NULL THEN
+            WITH ins AS (
+                INSERT INTO stepready.steps (task_id, name, handler, input, max_attempts, retryable, backoff,
+                                             base_delay_ms, multiplier, max_delay_ms, jitter, retry_policy,
+                                             timeout_ms, on_exhausted, rules, max_iterations, collect, queue,
+                                             priority, breaker_limit)
+                SELECT n.id, st ->> 'name', st ->> 'handler', COALESCE(NULLIF(st -> 'input', 'null'), '{}'),
+                       (st -> 'retry' ->> 'max_attempts')::numeric::int, (st -> 'retry' ->> 'retryable')::bool,
+                       st -> 'retry' ->> 'backoff', (st -> 'retry' ->> 'base_delay_ms')::numeric::bigint,
+                       (st -> 'retry' ->> 'multiplier')::float8, (st -> 'retry' ->> 'max_delay_ms')::numeric::bigint,
+                       (st -> 'retry' ->> 'jitter')::float8, st -> 'retry' ->> 'policy',
+                       (st ->> 'timeout_ms')::numeric::bigint, st ->> 'on_exhausted', NULLIF(st -> 'rules', 'null'),
+                       (st ->> 'max_iterations')::numeric::int, st ->> 'collect', st ->> 'queue',
+                       (st ->> 'priority')::numeric::int, (st ->> 'breaker_limit')::numeric::int
+                  FROM unnest(v_new_ords, v_new_ids) AS n(ord, id)
+                 CROSS JOIN LATERAL jsonb_array_elements(p_definitions -> (n.ord - 1) -> 'steps')
+                       WITH ORDINALITY AS e(st, sord)
+                 WHERE n.id = ANY (v_ins_ids)
+                 ORDER BY n.ord, e.sord
+                RETURNING id, task_id, name
+            )
+            SELECT array_agg(id), array_agg(task_id), array_agg(name) INTO v_st_ids, v_st_tasks, v_st_names
+              FROM ins;
+
+            -- 5. Their edges, each task's in topological order of the child: when a step's incoming edges are
+            -- inserted it has no outgoing edges yet, so the cycle check of the edge trigger has nothing to walk.
+            -- The step ids come from the insert above, not from a read of steps.
+            INSERT INTO stepready.step_edges (parent_step_id, child_step_id)
+            SELECT p.id, c.id
+              FROM unnest(v_new_ords, v_new_ids) AS n(ord, tid)
+             CROSS JOIN LATERAL jsonb_array_elements(p_definitions -> (n.ord - 1) -> 'steps') AS e(st)
+             CROSS JOIN LATERAL jsonb_array_elements_text(COALESCE(NULLIF(e.st -> 'depends_on', 'null'), '[]'))
+                   AS dep(name)
+              JOIN unnest(v_st_ids, v_st_tasks, v_st_names) AS c(id, task_id, name)
+                ON c.task_id = n.tid AND c.name = e.st ->> 'name'
+              JOIN unnest(v_st_ids, v_st_tasks, v_st_names) AS p(id, task_id, name)
+                ON p.task_id = n.tid AND p.name = dep.name
+              JOIN unnest(v_topo_ord, v_topo_nm, v_topo_pos) AS topo(ord, name, pos)
+                ON topo.ord = n.ord AND topo.name = c.name
+             WHERE n.tid = ANY (v_ins_ids)
+             ORDER BY n.ord, topo.pos, p.id;
         END IF;
     END IF;
 
-    INSERT INTO stepready.tasks (name, namespace, context, priority, retry, idempotency_key, run_at)
-    VALUES (d ->> 'name', COALESCE(d ->> 'namespace', 'default'), COALESCE(NULLIF(d -> 'context', 'null'), '{}'),
-            COALESCE((d ->> 'priority')::numeric::int, 0), NULLIF(d -> 'retry', 'null'), v_key,
-            stepready._json_run_at(d -> 'run_at', 'run_at'))
-    ON CONFLICT (idempotency_key) DO NOTHING
-    RETURNING id INTO v_id;
-    IF v_id IS NULL THEN
-        -- A concurrent create with the same key won; it has committed by now (we waited on its index entry).
-        SELECT id INTO v_id FROM stepready.tasks WHERE idempotency_key = v_key;
-        RETURN v_id;
+    -- 6. One row per element, in input order. Keys whose task was neither found in step 2 nor created here were
+    -- taken by a concurrent creator that committed meanwhile.
+    SELECT array_agg(DISTINCT d ->> 'idempotency_key') INTO v_lost
+      FROM unnest(v_new_ords, v_new_ids) AS n(ord, id)
+     CROSS JOIN LATERAL (SELECT p_definitions -> (n.ord - 1) AS d) dd
+     WHERE NOT n.id = ANY (COALESCE(v_ins_ids, '{}'));
+    IF v_lost IS NOT NULL THEN
+        SELECT v_ex_keys || array_agg(t.idempotency_key), v_ex_ids || array_agg(t.id) INTO v_ex_keys, v_ex_ids
+          FROM unnest(v_lost) AS k(key)
+          JOIN stepready.tasks t ON t.idempotency_key = k.key;
     END IF;
-
-    INSERT INTO stepready.steps (task_id, name, handler, input, max_attempts, retryable, backoff, base_delay_ms,
-                                 multiplier, max_delay_ms, jitter, retry_policy, timeout_ms, on_exhausted, rules,
-                                 max_iterations, collect, queue, priority, breaker_limit)
-    SELECT v_id, st ->> 'name', st ->> 'handler', COALESCE(NULLIF(st -> 'input', 'null'), '{}'),
-           (st -> 'retry' ->> 'max_attempts')::numeric::int, (st -> 'retry' ->> 'retryable')::bool,
-           st -> 'retry' ->> 'backoff', (st -> 'retry' ->> 'base_delay_ms')::numeric::bigint,
-           (st -> 'retry' ->> 'multiplier')::float8, (st -> 'retry' ->> 'max_delay_ms')::numeric::bigint,
-           (st -> 'retry' ->> 'jitter')::float8, st -> 'retry' ->> 'policy',
-           (st ->> 'timeout_ms')::numeric::bigint, st ->> 'on_exhausted', NULLIF(st -> 'rules', 'null'),
-           (st ->> 'max_iterations')::numeric::int, st ->> 'collect', st ->> 'queue', (st ->> 'priority')::numeric::int,
-           (st ->> 'breaker_limit')::numeric::int
-      FROM jsonb_array_elements(d -> 'steps') WITH ORDINALITY AS e(st, ord)
-     ORDER BY ord;
-
-    -- Edges in topological order of the child: when a step's incoming edges are inserted it has no outgoing
-    -- edges yet, so the cycle check of the edge trigger finds nothing to walk.
-    INSERT INTO stepready.step_edges (parent_step_id, child_step_id)
-    SELECT p.id, c.id
-      FROM jsonb_array_elements(d -> 'steps') AS e(st)
-      JOIN stepready.steps c ON c.task_id = v_id AND c.name = e.st ->> 'name'
-     CROSS JOIN LATERAL jsonb_array_elements_text(COALESCE(NULLIF(e.st -> 'depends_on', 'null'), '[]')) AS dep(name)
-      JOIN stepready.steps p ON p.task_id = v_id AND p.name = dep.name
-      JOIN unnest(v_order) WITH ORDINALITY AS topo(name, pos) ON topo.name = c.name
-     ORDER BY topo.pos, p.id;
-    RETURN v_id;
+    RETURN QUERY
+    SELECT e.ord::int,
+           COALESCE(c.id, x.id),
+           c.id IS NOT NULL AND c.id = ANY (COALESCE(v_ins_ids, '{}'))
+      FROM jsonb_array_elements(p_definitions) WITH ORDINALITY AS e(d, ord)
+      LEFT JOIN unnest(v_new_ords, v_new_ids) AS c(ord, id)
+             ON c.ord = e.ord AND c.id = ANY (COALESCE(v_ins_ids, '{}'))
+      LEFT JOIN unnest(v_ex_keys, v_ex_ids) AS x(key, id) ON x.key = e.d ->> 'idempotency_key'
+     ORDER BY e.ord;
 END;
 $$;
 
+-- Creates the tasks of a JSON array of definitions (SPEC §12): one row per element, in input order, all or
+-- nothing, errors naming definitions[i]. See _create_tasks.
+CREATE OR REPLACE FUNCTION stepready.create_tasks(p_definitions jsonb)
+RETURNS TABLE (ordinal int, task_id bigint, created bool)
+LANGUAGE sql
+AS $$
+    SELECT * FROM stepready._create_tasks(p_definitions, true);
+$$;
+
+-- Creates a task from one JSON document and returns its id: the one-element case of create_tasks, with the
+-- messages of a single definition (no definitions[0] prefix). An idempotency key already used returns the
+-- existing task and creates nothing.
+CREATE OR REPLACE FUNCTION stepready.create_task(p_definition jsonb)
+RETURNS bigint
+LANGUAGE sql
+AS $$
+    SELECT c.task_id FROM stepready._create_tasks(jsonb_build_array(p_definition), false) AS c;
+$$;
 CREATE OR REPLACE FUNCTION stepready._task_templates_validate()
 RETURNS trigger
 LANGUAGE plpgsql
