@@ -464,12 +464,29 @@ CREATE OR REPLACE TRIGGER task_templates_validate
     BEFORE INSERT OR UPDATE ON stepready.task_templates
     FOR EACH ROW EXECUTE FUNCTION stepready._task_templates_validate();
 
--- Creates a task from the newest version of a template. p_context is merged over the template's context
--- (its top-level keys win); a non-object p_context replaces it.
-CREATE OR REPLACE FUNCTION stepready.create_task_from_template(p_name text, p_context jsonb,
-                                                               p_idempotency_key text DEFAULT NULL)
-RETURNS bigint
-LANGUAGE plpgsql
+-- The definition a template gives for one context: the newest version's definition, named after the template
+-- unless it names itself, with p_context merged over its context (top-level keys of p_context win; a non-object
+-- p_context replaces it) and p_idempotency_key set when not NULL.
+CREATE OR REPLACE FUNCTION stepready._template_definition(p_template jsonb, p_name text, p_context jsonb,
+                                                         p_idempotency_key text)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT p_template
+           || jsonb_build_object('name', COALESCE(p_template ->> 'name', p_name))
+           || CASE WHEN p_context IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('context',
+                            CASE WHEN jsonb_typeof(p_context) = 'object' AND jsonb_typeof(p_template -> 'context') = 'object'
+                                 THEN (p_template -> 'context') || p_context
+                                 ELSE p_context END) END
+           || CASE WHEN p_idempotency_key IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('idempotency_key', p_idempotency_key) END;
+$$;
+
+-- The newest definition of template p_name; raises P0002 when there is none.
+CREATE OR REPLACE FUNCTION stepready._template_newest(p_name text)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     d jsonb;
@@ -478,16 +495,49 @@ BEGIN
     IF NOT FOUND THEN
         RAISE EXCEPTION 'template "%" does not exist', p_name USING ERRCODE = 'P0002';
     END IF;
-    d := d || jsonb_build_object('name', COALESCE(d ->> 'name', p_name));
-    IF p_context IS NOT NULL THEN
-        d := d || jsonb_build_object('context',
-            CASE WHEN jsonb_typeof(p_context) = 'object' AND jsonb_typeof(d -> 'context') = 'object'
-                 THEN (d -> 'context') || p_context
-                 ELSE p_context END);
+    RETURN d;
+END;
+$$;
+
+-- Creates a task from the newest version of a template (see _template_definition for how p_context applies).
+CREATE OR REPLACE FUNCTION stepready.create_task_from_template(p_name text, p_context jsonb,
+                                                               p_idempotency_key text DEFAULT NULL)
+RETURNS bigint
+LANGUAGE sql
+AS $$
+    SELECT stepready.create_task(
+        stepready._template_definition(stepready._template_newest(p_name), p_name, p_context, p_idempotency_key));
+$$;
+
+-- Creates one task per element of the JSON array p_contexts from the newest version of a template, as
+-- create_tasks does (SPEC §12): one row per context in input order, all or nothing. p_idempotency_keys, when
+-- given, pairs with the contexts by position (a NULL element means no key); its length must match.
+CREATE OR REPLACE FUNCTION stepready.create_tasks_from_template(p_name text, p_contexts jsonb,
+                                                                p_idempotency_keys text[] DEFAULT NULL)
+RETURNS TABLE (ordinal int, task_id bigint, created bool)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_template jsonb;
+BEGIN
+    IF p_contexts IS NULL OR jsonb_typeof(p_contexts) <> 'array' THEN
+        PERFORM stepready._definition_error('contexts',
+            format('must be a JSON array of contexts, got %s', COALESCE(jsonb_typeof(p_contexts), 'NULL')));
     END IF;
-    IF p_idempotency_key IS NOT NULL THEN
-        d := d || jsonb_build_object('idempotency_key', p_idempotency_key);
+    IF p_idempotency_keys IS NOT NULL
+       AND cardinality(p_idempotency_keys) <> jsonb_array_length(p_contexts) THEN
+        PERFORM stepready._definition_error('idempotency_keys',
+            format('has %s keys for %s contexts: pass one key per context (NULL for none), or no keys',
+                   cardinality(p_idempotency_keys), jsonb_array_length(p_contexts)));
     END IF;
-    RETURN stepready.create_task(d);
+    v_template := stepready._template_newest(p_name);
+    RETURN QUERY
+    SELECT c.ordinal, c.task_id, c.created
+      FROM stepready.create_tasks(
+               (SELECT COALESCE(jsonb_agg(stepready._template_definition(v_template, p_name, e.ctx,
+                                                                        p_idempotency_keys[e.ord]) ORDER BY e.ord),
+                                '[]')
+                  FROM jsonb_array_elements(p_contexts) WITH ORDINALITY AS e(ctx, ord))) AS c;
 END;
 $$;

@@ -180,20 +180,26 @@ type taskCreated struct {
 // newTaskCreateCommand builds `scheduler task create`.
 func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 	var (
-		file, contextArg, key, runAtArg string
-		in                              time.Duration
+		file, contextArg, key, runAtArg, contextsFile string
+		in                                            time.Duration
 	)
 	cmd := &cobra.Command{
-		Use:   "create TEMPLATE | -f FILE",
-		Short: "Create a task from a stored template, or from a YAML task definition",
+		Use:   "create TEMPLATE [--contexts-file FILE] | -f FILE",
+		Short: "Create tasks from a stored template, or from YAML or JSON task definitions",
 		Long: "Create a task from the newest version of a stored template (stepready.create_task_from_template),\n" +
 			"with --context merged over the template's context (top-level keys win); or, with -f, from a YAML file\n" +
 			"holding one task definition (stepready.create_task). With an idempotency key that already names a task,\n" +
 			"nothing is created and that task's id is printed. --run-at or --in delays the start of the task: no\n" +
-			"step of it is claimed before that time (SPEC §15).",
+			"step of it is claimed before that time (SPEC §15).\n\n" +
+			"Many at once (stepready.create_tasks, all or nothing, in one transaction): -f with a YAML stream (documents\n" +
+			"separated by ---) or a JSON array of definitions, or TEMPLATE --contexts-file FILE with one JSON context per\n" +
+			"line. One line per task is printed (with --output json, one JSON object per line: ordinal, task_id,\n" +
+			"created).",
 		Example: "  scheduler task create etl --context '{\"day\": \"2030-01-01\"}'\n" +
 			"  scheduler task create etl --context @context.json --idempotency-key etl-2030-01-01\n" +
 			"  scheduler task create -f task.yaml\n" +
+			"  scheduler task create -f tasks.json           # a JSON array of definitions\n" +
+			"  scheduler task create etl --contexts-file days.jsonl\n" +
 			"  scheduler task create etl --in 1h\n" +
 			"  scheduler task create etl --run-at 2030-01-01T02:00:00Z",
 		Args: usageArgs(cobra.MaximumNArgs(1)),
@@ -219,6 +225,8 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 			switch {
 			case file != "" && len(args) > 0:
 				return usagef("give a TEMPLATE or -f FILE, not both")
+			case contextsFile != "" && len(args) == 0:
+				return usagef("--contexts-file needs a TEMPLATE")
 			case file != "":
 				if contextArg != "" {
 					return usagef("--context applies to a template; with -f, put the context in the file")
@@ -227,9 +235,23 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 				if err != nil {
 					return usageError{err}
 				}
-				if definition, err = templates.ParseDefinition(file, data); err != nil {
+				defs, stream, err := templates.ParseDefinitions(file, data)
+				if err != nil {
 					return err
 				}
+				if stream {
+					if key != "" {
+						return usagef("--idempotency-key applies to one task; in a file of many, give each its own idempotency_key")
+					}
+					return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
+						res, err := createBulk(cmd.Context(), conn, defs, "", nil, runAt, in)
+						if err != nil {
+							return err
+						}
+						return writeBulk(cmd.OutOrStdout(), format, res)
+					})
+				}
+				definition = defs[0]
 				if key == "" {
 					var d struct {
 						Key *string `json:"idempotency_key"`
@@ -243,6 +265,21 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 					d["idempotency_key"] = key
 					definition, _ = json.Marshal(d)
 				}
+			case len(args) == 1 && contextsFile != "":
+				if contextArg != "" || key != "" {
+					return usagef("--contexts-file gives every task its context: drop --context and --idempotency-key")
+				}
+				contexts, err := readContextsFile(contextsFile)
+				if err != nil {
+					return err
+				}
+				return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
+					res, err := createBulk(cmd.Context(), conn, nil, args[0], contexts, runAt, in)
+					if err != nil {
+						return err
+					}
+					return writeBulk(cmd.OutOrStdout(), format, res)
+				})
 			case len(args) == 1:
 				template = &args[0]
 				if contextArg != "" {
@@ -316,6 +353,8 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 	}
 	cmd.Flags().StringVarP(&file, "file", "f", "", "a YAML file holding one task definition")
 	cmd.Flags().StringVar(&contextArg, "context", "", "the task's context: a JSON object, or @FILE (with TEMPLATE)")
+	cmd.Flags().StringVar(&contextsFile, "contexts-file", "",
+		"with TEMPLATE: create one task per line of FILE, each line a JSON context (JSON lines), in one transaction")
 	cmd.Flags().StringVar(&key, "idempotency-key", "",
 		"create the task only if no task has this key; else print the existing task's id")
 	cmd.Flags().StringVar(&runAtArg, "run-at", "", "start the task no earlier than this time (RFC 3339)")

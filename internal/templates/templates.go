@@ -363,3 +363,61 @@ func CreateTask(ctx context.Context, pool *pgxpool.Pool, name string) (int64, er
 	}
 	return id, nil
 }
+
+// ParseDefinitions reads many task definitions from one file, for bulk creation: a YAML stream (documents
+// separated by ---, each one definition) or a single JSON or YAML sequence of definitions. Each definition is
+// checked as ParseDefinition checks one (known keys, size, outcome rules compiled), and an error names the
+// file and the definition's 0-based index: `tasks.yaml: definitions[2]: …`. A file holding one definition
+// mapping gives a slice of one; stream reports whether the file was a stream of several documents or a
+// sequence, so that a caller can tell a batch of one from a single definition.
+func ParseDefinitions(file string, data []byte) (defs []json.RawMessage, stream bool, err error) {
+	dec := yaml.NewDecoder(bytes.NewReader(data), yaml.Strict())
+	var docs []any
+	for {
+		var doc any
+		if err := dec.Decode(&doc); err != nil {
+			if errors.Is(err, io.EOF) {
+				break
+			}
+			return nil, false, fmt.Errorf("%s: document %d: %w", file, len(docs)+1, err)
+		}
+		docs = append(docs, doc)
+	}
+	switch {
+	case len(docs) == 0:
+		return nil, false, fmt.Errorf("%s: empty document", file)
+	case len(docs) == 1:
+		if seq, ok := docs[0].([]any); ok {
+			docs, stream = seq, true
+		} else {
+			def, err := ParseDefinition(file, data)
+			if err != nil {
+				return nil, false, err
+			}
+			return []json.RawMessage{def}, false, nil
+		}
+	default:
+		stream = true
+	}
+	if len(docs) == 0 {
+		return nil, true, fmt.Errorf("%s: an empty sequence: no task definitions", file)
+	}
+	defs = make([]json.RawMessage, 0, len(docs))
+	for i, doc := range docs {
+		where := fmt.Sprintf("%s: definitions[%d]", file, i)
+		if !withinNodes(doc, maxNodes) {
+			return nil, true, fmt.Errorf("%s: too large: more than %d values once aliases are expanded", where, maxNodes)
+		}
+		// Each definition again on its own, as YAML, through the checks of a single one.
+		one, err := yaml.Marshal(doc)
+		if err != nil {
+			return nil, true, fmt.Errorf("%s: %w", where, err)
+		}
+		def, err := ParseDefinition(where, one)
+		if err != nil {
+			return nil, true, err
+		}
+		defs = append(defs, def)
+	}
+	return defs, true, nil
+}
