@@ -2,6 +2,7 @@ package stepready_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"strings"
@@ -69,4 +70,54 @@ func celMessage(t *testing.T, expr string) string {
 	_, iss := env.Compile(expr)
 	require.Error(t, iss.Err())
 	return strings.TrimSpace(iss.Err().Error())
+}
+
+// TestCreateTasks: many definitions in one call, one result per definition in order, idempotency within the
+// batch, and CreateTask's checks with the definition's index in every error; nothing written on an error.
+func TestCreateTasks(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	def := func(name, key string) json.RawMessage {
+		return json.RawMessage(`{"name": "` + name + `", "idempotency_key": "` + key + `",
+			"steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h", "depends_on": ["a"]}]}`)
+	}
+	got, err := stepready.CreateTasks(ctx, db.Pool, []json.RawMessage{def("x", "k1"), def("y", "k2"), def("z", "k1")})
+	require.NoError(t, err)
+	require.Len(t, got, 3)
+	require.True(t, got[0].Created)
+	require.True(t, got[1].Created)
+	require.Equal(t, stepready.Created{TaskID: got[0].TaskID, Created: false}, got[2])
+
+	again, err := stepready.CreateTasks(ctx, db.Pool, []json.RawMessage{def("y", "k2")})
+	require.NoError(t, err)
+	require.Equal(t, []stepready.Created{{TaskID: got[1].TaskID}}, again)
+
+	empty, err := stepready.CreateTasks(ctx, db.Pool, nil)
+	require.NoError(t, err)
+	require.Empty(t, empty)
+
+	for _, tc := range []struct {
+		name string
+		defs []json.RawMessage
+		want string
+	}{
+		{"bad CEL", []json.RawMessage{def("ok", "n1"), json.RawMessage(`{"name": "t", "steps": [{"name": "a",
+			"handler": "h", "rules": [{"when": "nope > 1", "then": {"do": "fail"}}]}]}`)},
+			`definitions[1]: steps[0] "a": rules[0].when: ` + celMessage(t, "nope > 1")},
+		{"SQL validation", []json.RawMessage{json.RawMessage(`{"name": "t", "steps": [{"name": "a", "handler": "h",
+			"depends_on": ["zz"]}]}`), def("ok", "n2")}, `definitions[0]: steps[0] "a": depends_on: unknown step "zz"`},
+		{"not UTF-8", []json.RawMessage{def("ok", "n3"), json.RawMessage("{\"name\": \"\xff\"}")},
+			`definitions[1]: definition: not valid UTF-8 (at byte 10)`},
+		{"not JSON", []json.RawMessage{def("ok", "n4"), json.RawMessage(`{"name": `)}, `definitions[1]: definition:`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := stepready.CreateTasks(ctx, db.Pool, tc.defs)
+			require.ErrorIs(t, err, stepready.ErrInvalidDefinition)
+			require.Contains(t, err.Error(), tc.want)
+		})
+	}
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks`).Scan(&n))
+	require.Equal(t, 2, n, "only the first call's two tasks")
 }

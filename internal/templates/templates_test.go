@@ -217,3 +217,47 @@ func TestParseCompilesTheRules(t *testing.T) {
 	_, err = Parse("t.yaml", []byte("name: x\nsteps:\n  - name: a\n    handler: noop\n    rules:\n      - {when: 'attempt > 2', then: {do: fail}}\n"))
 	require.NoError(t, err)
 }
+
+// TestParseDefinitions: a YAML stream, a JSON array and a YAML sequence each give one definition per element;
+// a single mapping gives one and is not a stream; errors name the file and the definition's index.
+func TestParseDefinitions(t *testing.T) {
+	t.Parallel()
+	one := "name: a\nsteps:\n  - name: s\n    handler: noop\n"
+	for _, tc := range []struct {
+		name, data string
+		want       []string
+		stream     bool
+	}{
+		{"single mapping", one, []string{"a"}, false},
+		{"YAML stream", one + "---\n" + strings.Replace(one, "name: a", "name: b", 1), []string{"a", "b"}, true},
+		{"JSON array", `[{"name": "a", "steps": [{"name": "s", "handler": "noop"}]},
+			{"name": "b", "steps": [{"name": "s", "handler": "noop"}]}]`, []string{"a", "b"}, true},
+		{"YAML sequence of one", "- " + strings.ReplaceAll(one, "\n", "\n  "), []string{"a"}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			defs, stream, err := ParseDefinitions("f.yaml", []byte(tc.data))
+			require.NoError(t, err)
+			require.Equal(t, tc.stream, stream)
+			var names []string
+			for _, d := range defs {
+				var v struct{ Name string }
+				require.NoError(t, json.Unmarshal(d, &v))
+				names = append(names, v.Name)
+			}
+			require.Equal(t, tc.want, names)
+		})
+	}
+	for _, tc := range []struct{ name, data, want string }{
+		{"unknown key", one + "---\nname: b\nstepz: []\n", `f.yaml: definitions[1]: `},
+		{"not a mapping", `[{"name": "a", "steps": []}, 3]`, `f.yaml: definitions[1]: a template is a mapping`},
+		{"bad rule", "[{name: a, steps: [{name: s, handler: h, rules: [{when: 'nope >', then: {do: fail}}]}]}]",
+			`f.yaml: definitions[0]: steps[0] "s": rules[0].when:`},
+		{"empty sequence", `[]`, `f.yaml: an empty sequence`},
+		{"empty", ``, `f.yaml: empty document`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, _, err := ParseDefinitions("f.yaml", []byte(tc.data))
+			require.ErrorContains(t, err, tc.want)
+		})
+	}
+}
