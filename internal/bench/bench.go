@@ -43,14 +43,19 @@ type Size struct {
 	// MemorySteps is the number of independent no-op steps the daemon child process works while its peak RSS
 	// is read (scenario 6): the workload of scenario 2a, smaller in the quick size to save time.
 	MemorySteps int
+	// CreationRun is how long scenario 7a creates tasks one per statement (its first and last sixth are
+	// compared), and CreationBulkRun how long 7b runs each of its two series.
+	CreationRun, CreationBulkRun time.Duration
 }
 
 // Sizes are the presets of cmd/bench.
 var Sizes = map[string]Size{
 	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000,
-		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000},
+		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000,
+		CreationRun: 30 * time.Second, CreationBulkRun: 5 * time.Second},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
-		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000},
+		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
+		CreationRun: 60 * time.Second, CreationBulkRun: 20 * time.Second},
 }
 
 // Row is one line of the report.
@@ -169,6 +174,7 @@ var scenarios = []scenario{
 	{"dag throughput", dagThroughput},
 	{"retry storm", retryStorm},
 	{"memory", memory},
+	{"creation", creation},
 }
 
 // Print writes the report as a table.

@@ -13,7 +13,7 @@ import (
 	"github.com/stepready/stepready/steps"
 )
 
-// chainDefinition is the task of scenario 3: four no-op steps in a line, s1 → s2 → s3 → s4.
+// chainDefinition is the task of scenarios 3 and 7: four no-op steps in a line, s1 → s2 → s3 → s4.
 var chainDefinition = json.RawMessage(`{"name": "chain", "steps": [
 	{"name": "s1", "handler": "noop"},
 	{"name": "s2", "handler": "noop", "depends_on": ["s1"]},
