@@ -78,6 +78,21 @@ const DefaultLockTimeout = 5 * time.Minute
 // A failure names the layer and the file that failed. A failed versioned migration leaves its version marked
 // dirty in MigrationsTable; every later Up refuses to run until Force sets the version that is really in place.
 func Up(ctx context.Context, databaseURL string, logger *slog.Logger) error {
+	return UpWith(ctx, databaseURL, logger, UpOptions{})
+}
+
+// UpOptions adjust UpWith.
+type UpOptions struct {
+	// SkipRoles leaves out creating the four roles of SPEC §17 (stepready_client, stepready_worker,
+	// stepready_operator, stepready_reader), for a migrating user that may not create roles (no CREATEROLE),
+	// where a DBA created them. Their privileges are granted all the same, to those that exist.
+	SkipRoles bool
+}
+
+// UpWith is Up with options. After River's migrations it applies a fourth layer, the least-privilege roles of
+// SPEC §17 (the files of migrations/roles): the roles are created unless they exist (unless opts.SkipRoles), and
+// every privilege and SECURITY DEFINER attribute is granted again, since re-created functions lose theirs.
+func UpWith(ctx context.Context, databaseURL string, logger *slog.Logger, opts UpOptions) error {
 	logger = orDiscard(logger)
 
 	if err := schemaUp(ctx, databaseURL, logger); err != nil {
@@ -89,6 +104,51 @@ func Up(ctx context.Context, databaseURL string, logger *slog.Logger) error {
 	if err := riverMigrate(ctx, databaseURL, logger, rivermigrate.DirectionUp); err != nil {
 		return fmt.Errorf("migrations: up: river: %w", err)
 	}
+	if err := applyRoles(ctx, databaseURL, logger, opts.SkipRoles); err != nil {
+		return fmt.Errorf("migrations: up: roles: %w", err)
+	}
+	return nil
+}
+
+// rolesFS holds the roles layer: roles_create.sql (the roles, cluster-wide) and roles.sql (the grants of this
+// database).
+//
+//go:embed roles/*.sql
+var rolesFS embed.FS
+
+// applyRoles applies the roles layer in one transaction, serialized with the other layers' migrators by the
+// same transaction advisory lock as the functions.
+func applyRoles(ctx context.Context, databaseURL string, logger *slog.Logger, skipCreate bool) error {
+	files := []string{"roles/roles_create.sql", "roles/roles.sql"}
+	if skipCreate {
+		files = files[1:]
+	}
+	conn, err := pgx.Connect(ctx, databaseURL)
+	if err != nil {
+		return fmt.Errorf("connect: %w", err)
+	}
+	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
+	start := time.Now()
+	err = pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", sqlApplyLockKey); err != nil {
+			return fmt.Errorf("take advisory lock: %w", err)
+		}
+		for _, name := range files {
+			contents, err := fs.ReadFile(rolesFS, name)
+			if err != nil {
+				return err
+			}
+			if _, err := tx.Exec(ctx, string(contents)); err != nil {
+				return fmt.Errorf("migrations/%s%s: %w", name, errorLine(string(contents), err), err)
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	logger.InfoContext(ctx, "migrations: applied roles and privileges", slog.Bool("roles_created", !skipCreate),
+		slog.Duration("duration", time.Since(start)))
 	return nil
 }
 

@@ -21,6 +21,7 @@ func newMigrateCommand(opts *globalOptions) *cobra.Command {
 		"PostgreSQL URL of the database to migrate")
 	setDefaultText(cmd.PersistentFlags(), "database-url", "none")
 
+	var skipRoles bool
 	up := &cobra.Command{
 		Use:   "up",
 		Short: "Apply every pending schema version, re-apply all functions and triggers, migrate River",
@@ -34,9 +35,12 @@ func newMigrateCommand(opts *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			return migrations.Up(cmd.Context(), url, logger)
+			return migrations.UpWith(cmd.Context(), url, logger, migrations.UpOptions{SkipRoles: skipRoles})
 		},
 	}
+	up.Flags().BoolVar(&skipRoles, "skip-roles", false,
+		"do not create the roles stepready_client, _worker, _operator and _reader (for a migrating user without\n"+
+			"CREATEROLE, when a DBA created them); their privileges are granted all the same")
 
 	var steps int
 	down := &cobra.Command{

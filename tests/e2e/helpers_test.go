@@ -30,8 +30,9 @@ func setup(t *testing.T) *bundle {
 	t.Helper()
 	db := pgtest.New(t)
 	// The daemon's own pool, with the default search_path (River's tables are found there) and a name the
-	// connection-loss test can aim at.
-	pcfg, err := pgxpool.ParseConfig(db.URL)
+	// connection-loss test can aim at, as a login role that has only stepready_worker (SPEC §17): every test of
+	// this package that runs a daemon in-process proves the worker's privileges are enough for its job.
+	pcfg, err := pgxpool.ParseConfig(db.LoginRole(t, "stepready_worker"))
 	require.NoError(t, err)
 	pcfg.ConnConfig.RuntimeParams["application_name"] = daemonAppName
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)

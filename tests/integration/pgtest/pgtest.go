@@ -40,7 +40,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -115,6 +117,38 @@ func (db *DB) NewPool(t testing.TB, opts ...PoolOption) *pgxpool.Pool {
 		t.Fatalf("pgtest: connect to %s: %v", db.Name, err)
 	}
 	return pool
+}
+
+// LoginRole creates a LOGIN role that is a member of group only (for example stepready_worker, one of the roles
+// `migrate up` creates, SPEC §17) and returns db's URL with that user, for code under test that must run with
+// exactly that role's rights. The role is named after the database (roles are cluster-wide: parallel tests
+// must not share one) and dropped when t ends. Its password is not needed: the throwaway cluster trusts local
+// connections (with TEST_DATABASE_URL, the server's own authentication applies).
+func (db *DB) LoginRole(t testing.TB, group string) string {
+	t.Helper()
+	role := db.Name + "_" + strings.TrimPrefix(group, "stepready_")
+	ctx, cancel := context.WithTimeout(context.Background(), operationTimeout)
+	defer cancel()
+	if _, err := db.Pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN IN ROLE "+
+		pgx.Identifier{group}.Sanitize()); err != nil {
+		t.Fatalf("pgtest: create role %s in %s: %v", role, group, err)
+	}
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), operationTimeout)
+		defer cancel()
+		// Its sessions first, so that nothing of the role outlives the test.
+		_, _ = getServer(t).admin.Exec(ctx, `SELECT pg_catalog.pg_terminate_backend(pid) FROM pg_catalog.pg_stat_activity
+			WHERE usename = $1`, role)
+		if _, err := getServer(t).admin.Exec(ctx, "DROP ROLE IF EXISTS "+pgx.Identifier{role}.Sanitize()); err != nil {
+			t.Errorf("pgtest: drop role %s: %v", role, err)
+		}
+	})
+	u, err := url.Parse(db.URL)
+	if err != nil {
+		t.Fatalf("pgtest: parse %s: %v", db.URL, err)
+	}
+	u.User = url.User(role)
+	return u.String()
 }
 
 // Conn opens a single dedicated connection on db with an empty search_path and closes it when t ends. Use it
