@@ -28,7 +28,7 @@ func TestTaskCreateBulk(t *testing.T) {
 
 	bad := writeFile(t, dir, "bad.json", `[{"name": "d", "steps": [{"name": "s", "handler": "noop"}]},
 		{"name": "e", "steps": [{"name": "s", "handler": "noop", "depends_on": ["x"]}]}]`)
-	_, stderr, err = b.run("task", "create", "-f", bad)
+	_, _, err = b.run("task", "create", "-f", bad)
 	require.Error(t, err)
 	require.ErrorContains(t, err, `definitions[1]: steps[0] "s": depends_on: unknown step "x"`)
 	require.Equal(t, int64(3), b.int64(`SELECT count(*) FROM stepready.tasks`), "nothing of the bad file written")
@@ -41,10 +41,10 @@ func TestTaskCreateBulk(t *testing.T) {
 	require.Equal(t, "1\ttask 4 created\n2\ttask 5 created\n2 of 2 tasks created\n", stdout)
 	require.Equal(t, int64(2), b.int64(`SELECT count(*) FROM stepready.tasks WHERE context ? 'day' AND context ? 'source'`))
 
-	_, stderr, err = b.run("task", "create", "etl", "--contexts-file", writeFile(t, dir, "bad.jsonl", "{}\nnope\n"))
+	_, _, err = b.run("task", "create", "etl", "--contexts-file", writeFile(t, dir, "bad.jsonl", "{}\nnope\n"))
 	require.Error(t, err)
 	require.ErrorContains(t, err, "bad.jsonl:2: not a JSON value")
-	_, stderr, err = b.run("task", "create", "--contexts-file", contexts)
+	_, _, err = b.run("task", "create", "--contexts-file", contexts)
 	require.Error(t, err)
 	require.ErrorContains(t, err, "--contexts-file needs a TEMPLATE")
 }

@@ -379,6 +379,13 @@ func ParseDefinitions(file string, data []byte) (defs []json.RawMessage, stream 
 			if errors.Is(err, io.EOF) {
 				break
 			}
+			if len(docs) == 0 {
+				// The first document: reported exactly as a single definition's error.
+				if _, perr := ParseDefinition(file, data); perr != nil {
+					return nil, false, perr
+				}
+				return nil, false, fmt.Errorf("%s: %w", file, err)
+			}
 			return nil, false, fmt.Errorf("%s: document %d: %w", file, len(docs)+1, err)
 		}
 		docs = append(docs, doc)
