@@ -46,16 +46,18 @@ type Size struct {
 	// CreationRun is how long scenario 7a creates tasks one per statement (its first and last sixth are
 	// compared), and CreationBulkRun how long 7b runs each of its two series.
 	CreationRun, CreationBulkRun time.Duration
+	// HistorySteps is how many finished steps (with their events) sit in the tables while scenario 2 runs again.
+	HistorySteps int
 }
 
 // Sizes are the presets of cmd/bench.
 var Sizes = map[string]Size{
 	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000,
 		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000,
-		CreationRun: 30 * time.Second, CreationBulkRun: 5 * time.Second},
+		CreationRun: 30 * time.Second, CreationBulkRun: 5 * time.Second, HistorySteps: 100_000},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
 		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
-		CreationRun: 60 * time.Second, CreationBulkRun: 20 * time.Second},
+		CreationRun: 60 * time.Second, CreationBulkRun: 20 * time.Second, HistorySteps: 1_000_000},
 }
 
 // Row is one line of the report.
@@ -175,6 +177,7 @@ var scenarios = []scenario{
 	{"retry storm", retryStorm},
 	{"memory", memory},
 	{"creation", creation},
+	{"history", history},
 }
 
 // Print writes the report as a table.
