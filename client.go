@@ -37,6 +37,14 @@ const (
 	ReapIntervalDefault  = 10 * time.Second
 	PollIntervalDefault  = 5 * time.Second
 	ShutdownGraceDefault = 10 * time.Second
+	// RetentionCompleteDefault is how long complete tasks are kept after they finished (SPEC §13): a week.
+	RetentionCompleteDefault = 168 * time.Hour
+	// RetentionFailedDefault is how long error and cancelled tasks are kept after they finished: 30 days.
+	RetentionFailedDefault = 720 * time.Hour
+	// PruneIntervalDefault is how often the elected instance prunes finished tasks.
+	PruneIntervalDefault = time.Minute
+	// KeepForever, as a retention, disables pruning of those tasks.
+	KeepForever time.Duration = -1
 )
 
 // Config configures a Client. Zero values take the documented defaults.
@@ -65,6 +73,16 @@ type Config struct {
 	PollOnly bool
 	// DefaultTimeout is the attempt timeout of steps without timeout_ms (default steps.DefaultTimeout).
 	DefaultTimeout time.Duration
+	// RetentionComplete is how long complete tasks (with their steps and events) are kept after they finished
+	// before the elected instance deletes them (default RetentionCompleteDefault, a week; KeepForever or any
+	// negative value keeps them forever).
+	RetentionComplete time.Duration
+	// RetentionFailed is the same for error and cancelled tasks (default RetentionFailedDefault, 30 days;
+	// KeepForever keeps them).
+	RetentionFailed time.Duration
+	// PruneInterval is how often the elected instance prunes (default PruneIntervalDefault, a minute). Each round
+	// deletes in batches of 1,000 tasks until none is left past its retention.
+	PruneInterval time.Duration
 	// Logger receives the client's logs (nil: discarded).
 	Logger *slog.Logger
 	// Metrics, when set, receives the client's Prometheus collectors.
@@ -79,6 +97,9 @@ func (c Config) withDefaults() Config {
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, ShutdownGraceDefault)
 	c.DefaultTimeout = cmp.Or(c.DefaultTimeout, steps.DefaultTimeout)
+	c.RetentionComplete = cmp.Or(c.RetentionComplete, RetentionCompleteDefault)
+	c.RetentionFailed = cmp.Or(c.RetentionFailed, RetentionFailedDefault)
+	c.PruneInterval = cmp.Or(c.PruneInterval, PruneIntervalDefault)
 	if c.WorkerID == "" {
 		host, _ := os.Hostname()
 		c.WorkerID = cmp.Or(host, "stepready") + "-" + strconv.Itoa(os.Getpid())
@@ -111,6 +132,9 @@ func (c Config) validate() error {
 	}
 	if c.ShutdownGrace < 0 {
 		errs = append(errs, fmt.Errorf("config.ShutdownGrace must be >= 0, got %s", c.ShutdownGrace))
+	}
+	if c.PruneInterval <= 0 {
+		errs = append(errs, fmt.Errorf("config.PruneInterval must be > 0, got %s", c.PruneInterval))
 	}
 	if c.DefaultTimeout <= 0 {
 		errs = append(errs, fmt.Errorf("config.DefaultTimeout must be > 0, got %s", c.DefaultTimeout))

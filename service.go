@@ -103,6 +103,9 @@ func (c *Client) Start(ctx context.Context) error {
 	run("poller", p.Run)
 	rp := &readiness.Reaper{Pool: c.pool, Interval: cfg.ReapInterval, Logger: log, Metrics: m}
 	run("reaper", rp.Run)
+	pr := &readiness.Pruner{Pool: c.pool, Interval: cfg.PruneInterval, RetentionComplete: cfg.RetentionComplete,
+		RetentionFailed: cfg.RetentionFailed, Logger: log, Metrics: m}
+	run("pruner", pr.Run)
 	sl := &schedules.Leader{Pool: c.pool, Logger: log, Metrics: schedules.NewMetrics(cfg.Metrics)}
 	run("schedule leader", sl.Run)
 

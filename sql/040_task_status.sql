@@ -21,6 +21,21 @@ AS $$
     END;
 $$;
 
+-- tasks.completed_at for a task going from p_old to p_new (SPEC §13): the time it reached a terminal status
+-- (complete, error, cancelled), kept while it stays in that status, NULL when it is not terminal (reopened).
+-- p_at is the time of the step change that made it terminal, when known.
+CREATE OR REPLACE FUNCTION stepready._task_completed_at(p_old text, p_completed_at timestamptz, p_new text,
+                                                        p_at timestamptz)
+RETURNS timestamptz
+LANGUAGE sql STABLE PARALLEL SAFE
+AS $$
+    SELECT CASE
+        WHEN p_new NOT IN ('complete', 'error', 'cancelled') THEN NULL
+        WHEN p_new = p_old THEN COALESCE(p_completed_at, p_at, now())
+        ELSE COALESCE(p_at, now())
+    END;
+$$;
+
 -- Applies counter deltas to tasks (parallel arrays, one entry per task) and re-derives their status. p_at stamps
 -- completed_at. Rows are locked in ascending task id (see "Lock order" in docs/design-core.md).
 CREATE OR REPLACE FUNCTION stepready._task_apply(p_task_ids bigint[], p_d_total int[], p_d_unsatisfied int[],
@@ -47,11 +62,12 @@ BEGIN
            updated_at        = now(),
            status            = stepready._derive_task_status(t.status, t.steps_total + d.d_total,
                                    t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started),
-           completed_at      = CASE
-               WHEN stepready._derive_task_status(t.status, t.steps_total + d.d_total,
-                        t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started) = 'complete'
-               THEN COALESCE(t.completed_at, d.at, now())
-           END
+           -- Set when the task reaches a terminal status (SPEC §13), kept while it stays in it, cleared when
+           -- it is reopened.
+           completed_at      = stepready._task_completed_at(t.status, t.completed_at,
+                                   stepready._derive_task_status(t.status, t.steps_total + d.d_total,
+                                       t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started),
+                                   d.at)
       FROM (SELECT x.* FROM unnest(p_task_ids, p_d_total, p_d_unsatisfied, p_d_in_error, p_started, p_at)
                  AS x(task_id, d_total, d_unsat, d_err, started, at) ORDER BY x.task_id) AS d
      WHERE t.id = d.task_id;
@@ -156,11 +172,10 @@ BEGIN
                updated_at        = now(),
                status            = stepready._derive_task_status(t.status, t.steps_total,
                                        t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started),
-               completed_at      = CASE
-                   WHEN stepready._derive_task_status(t.status, t.steps_total,
-                            t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started) = 'complete'
-                   THEN COALESCE(t.completed_at, d.at, now())
-               END
+               completed_at      = stepready._task_completed_at(t.status, t.completed_at,
+                                       stepready._derive_task_status(t.status, t.steps_total,
+                                           t.steps_unsatisfied + d.d_unsat, t.steps_in_error + d.d_err, d.started),
+                                       d.at)
           FROM (SELECT x.* FROM unnest(v_tasks, v_unsat, v_err, v_started, v_at)
                      AS x(task_id, d_unsat, d_err, started, at) ORDER BY x.task_id) AS d
          WHERE t.id = d.task_id

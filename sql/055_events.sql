@@ -47,9 +47,12 @@ $$;
 -- Events go with their task or step. step_events has no foreign keys (they cost two lookups and two row locks per
 -- event, for rows the inserting function holds locked anyway): these statement triggers delete the events of
 -- deleted tasks and steps, and a TRUNCATE of tasks or steps takes their events along.
+-- Lookups by key whatever the statistics say: the transition table has none, and step_events is the largest table.
 CREATE OR REPLACE FUNCTION stepready._delete_events()
 RETURNS trigger
 LANGUAGE plpgsql
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 BEGIN
     IF TG_OP = 'TRUNCATE' THEN

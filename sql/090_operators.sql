@@ -64,7 +64,7 @@ BEGIN
     IF t.status IN ('complete', 'cancelled') THEN
         PERFORM stepready._refuse(format('cannot cancel task %s: it is already %s', t.id, t.status));
     END IF;
-    UPDATE stepready.tasks SET status = 'cancelled' WHERE id = t.id;
+    UPDATE stepready.tasks SET status = 'cancelled', completed_at = p_as_of WHERE id = t.id;
     FOR s IN SELECT * FROM stepready.steps WHERE task_id = t.id AND NOT stepready._is_terminal(state)
               ORDER BY id FOR UPDATE
     LOOP
@@ -199,7 +199,7 @@ BEGIN
     END IF;
     IF t.status = 'cancelled' THEN
         -- Lift the sticky cancelled status; the step changes below re-derive the rest.
-        UPDATE stepready.tasks SET status = 'in_progress' WHERE id = t.id;
+        UPDATE stepready.tasks SET status = 'in_progress', completed_at = NULL WHERE id = t.id;
     END IF;
     FOR s IN SELECT * FROM stepready.steps WHERE task_id = t.id AND state IN ('error', 'skipped', 'cancelled')
               ORDER BY id FOR UPDATE

@@ -31,6 +31,10 @@ type daemonFlags struct {
 	shutdownGrace time.Duration
 	workerID      string
 	pollOnly      bool
+	// Retention (SPEC §13): 0 keeps those tasks forever.
+	retentionComplete time.Duration
+	retentionFailed   time.Duration
+	pruneInterval     time.Duration
 }
 
 // register defines the flags on fs; dispatchDefault is the default of --dispatch.
@@ -52,6 +56,20 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 	setDefaultText(fs, "worker-id", "hostname-pid")
 	fs.BoolVar(&d.pollOnly, "poll-only", false,
 		"never LISTEN, only poll (for PgBouncer in transaction pooling mode)")
+	fs.DurationVar(&d.retentionComplete, "retention-complete", stepready.RetentionCompleteDefault,
+		"how long complete tasks are kept after they finished, with their steps and events; 0 keeps them forever")
+	fs.DurationVar(&d.retentionFailed, "retention-failed", stepready.RetentionFailedDefault,
+		"how long error and cancelled tasks are kept after they finished; 0 keeps them forever")
+	fs.DurationVar(&d.pruneInterval, "prune-interval", stepready.PruneIntervalDefault,
+		"how often the elected instance deletes the finished tasks past their retention")
+}
+
+// keep maps a retention flag to Config: 0 on the command line keeps forever.
+func keep(d time.Duration) time.Duration {
+	if d == 0 {
+		return stepready.KeepForever
+	}
+	return d
 }
 
 // validate checks the flags, naming the flag at fault; its errors are usage errors.
@@ -71,6 +89,12 @@ func (d *daemonFlags) validate() error {
 		return usagef("--poll-interval %s: must be more than 0", d.pollInterval)
 	case d.shutdownGrace < 0:
 		return usagef("--shutdown-grace %s: must be 0 or more", d.shutdownGrace)
+	case d.retentionComplete < 0:
+		return usagef("--retention-complete %s: must be 0 (keep forever) or more", d.retentionComplete)
+	case d.retentionFailed < 0:
+		return usagef("--retention-failed %s: must be 0 (keep forever) or more", d.retentionFailed)
+	case d.pruneInterval <= 0:
+		return usagef("--prune-interval %s: must be more than 0", d.pruneInterval)
 	case strings.TrimSpace(d.workerID) != d.workerID:
 		return usagef("--worker-id %q: no leading or trailing spaces", d.workerID)
 	}
@@ -80,17 +104,20 @@ func (d *daemonFlags) validate() error {
 // config is the client configuration of the flags.
 func (d *daemonFlags) config(reg *steps.Registry, logger *slog.Logger, metrics prometheus.Registerer) stepready.Config {
 	return stepready.Config{
-		Registry:      reg,
-		Dispatch:      d.dispatch,
-		Concurrency:   d.concurrency,
-		Lease:         d.lease,
-		ReapInterval:  d.reapInterval,
-		PollInterval:  d.pollInterval,
-		ShutdownGrace: d.shutdownGrace,
-		WorkerID:      d.workerID,
-		PollOnly:      d.pollOnly,
-		Logger:        logger,
-		Metrics:       metrics,
+		Registry:          reg,
+		Dispatch:          d.dispatch,
+		Concurrency:       d.concurrency,
+		Lease:             d.lease,
+		ReapInterval:      d.reapInterval,
+		PollInterval:      d.pollInterval,
+		ShutdownGrace:     d.shutdownGrace,
+		WorkerID:          d.workerID,
+		PollOnly:          d.pollOnly,
+		RetentionComplete: keep(d.retentionComplete),
+		RetentionFailed:   keep(d.retentionFailed),
+		PruneInterval:     d.pruneInterval,
+		Logger:            logger,
+		Metrics:           metrics,
 	}
 }
 

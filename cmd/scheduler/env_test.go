@@ -56,12 +56,15 @@ func runDefaults() runParams {
 	return runParams{
 		databaseURL: "postgres://db",
 		daemon: daemonFlags{
-			dispatch:      stepready.DispatchRiver,
-			concurrency:   stepready.ConcurrencyDefault,
-			lease:         stepready.LeaseDefault,
-			reapInterval:  stepready.ReapIntervalDefault,
-			pollInterval:  stepready.PollIntervalDefault,
-			shutdownGrace: stepready.ShutdownGraceDefault,
+			dispatch:          stepready.DispatchRiver,
+			concurrency:       stepready.ConcurrencyDefault,
+			lease:             stepready.LeaseDefault,
+			reapInterval:      stepready.ReapIntervalDefault,
+			pollInterval:      stepready.PollIntervalDefault,
+			shutdownGrace:     stepready.ShutdownGraceDefault,
+			retentionComplete: stepready.RetentionCompleteDefault,
+			retentionFailed:   stepready.RetentionFailedDefault,
+			pruneInterval:     stepready.PruneIntervalDefault,
 		},
 	}
 }
@@ -70,26 +73,30 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 	t.Parallel()
 
 	everyVariable := map[string]string{
-		"DATABASE_URL":             "postgres://from-env",
-		"STEPREADY_DISPATCH":       "direct",
-		"STEPREADY_CONCURRENCY":    "7",
-		"STEPREADY_LEASE":          "45s",
-		"STEPREADY_REAP_INTERVAL":  "3s",
-		"STEPREADY_POLL_INTERVAL":  "250ms",
-		"STEPREADY_SHUTDOWN_GRACE": "0s",
-		"STEPREADY_WORKER_ID":      "worker-env",
-		"STEPREADY_METRICS_ADDR":   "127.0.0.1:9999",
-		"STEPREADY_POLL_ONLY":      "true",
-		"STEPREADY_ALLOW_EXEC":     "1",
-		"STEPREADY_LOG_FORMAT":     "json",
-		"STEPREADY_LOG_LEVEL":      "debug",
+		"DATABASE_URL":                 "postgres://from-env",
+		"STEPREADY_DISPATCH":           "direct",
+		"STEPREADY_CONCURRENCY":        "7",
+		"STEPREADY_LEASE":              "45s",
+		"STEPREADY_REAP_INTERVAL":      "3s",
+		"STEPREADY_POLL_INTERVAL":      "250ms",
+		"STEPREADY_SHUTDOWN_GRACE":     "0s",
+		"STEPREADY_WORKER_ID":          "worker-env",
+		"STEPREADY_METRICS_ADDR":       "127.0.0.1:9999",
+		"STEPREADY_POLL_ONLY":          "true",
+		"STEPREADY_RETENTION_COMPLETE": "24h",
+		"STEPREADY_RETENTION_FAILED":   "0",
+		"STEPREADY_PRUNE_INTERVAL":     "5m",
+		"STEPREADY_ALLOW_EXEC":         "1",
+		"STEPREADY_LOG_FORMAT":         "json",
+		"STEPREADY_LOG_LEVEL":          "debug",
 	}
 	fromEveryVariable := runParams{
 		databaseURL: "postgres://from-env",
 		metricsAddr: "127.0.0.1:9999",
 		allowExec:   true,
 		daemon: daemonFlags{dispatch: "direct", concurrency: 7, lease: 45 * time.Second, reapInterval: 3 * time.Second,
-			pollInterval: 250 * time.Millisecond, shutdownGrace: 0, workerID: "worker-env", pollOnly: true},
+			pollInterval: 250 * time.Millisecond, shutdownGrace: 0, workerID: "worker-env", pollOnly: true,
+			retentionComplete: 24 * time.Hour, retentionFailed: 0, pruneInterval: 5 * time.Minute},
 	}
 
 	tests := []struct {
@@ -107,12 +114,14 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 			args: []string{"--database-url", "postgres://db", "--dispatch", "river", "--concurrency", "3",
 				"--lease", "1m", "--reap-interval", "20s", "--poll-interval", "2s", "--shutdown-grace", "4s",
 				"--worker-id", "worker-flag", "--metrics-addr", ":9090", "--poll-only=false", "--allow-exec=false",
-				"--log-format", "text", "--log-level", "warn"},
+				"--log-format", "text", "--log-level", "warn", "--retention-complete", "1h", "--retention-failed", "2h",
+				"--prune-interval", "10s"},
 			want: func(p *runParams) {
 				p.metricsAddr = ":9090"
 				p.daemon = daemonFlags{dispatch: "river", concurrency: 3, lease: time.Minute,
 					reapInterval: 20 * time.Second, pollInterval: 2 * time.Second, shutdownGrace: 4 * time.Second,
-					workerID: "worker-flag"}
+					workerID: "worker-flag", retentionComplete: time.Hour, retentionFailed: 2 * time.Hour,
+					pruneInterval: 10 * time.Second}
 			}, logLevel: "warn", logFormat: "text"},
 		{name: "STEPREADY_DATABASE_URL beats DATABASE_URL",
 			env:  map[string]string{"STEPREADY_DATABASE_URL": "postgres://db", "DATABASE_URL": "postgres://other"},
@@ -155,6 +164,11 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 			want: "--reap-interval 10s: must be shorter than --lease (5s)"},
 		{name: "poll interval", args: []string{"--poll-interval", "0s"}, want: "--poll-interval 0s: must be more than 0"},
 		{name: "shutdown grace", args: []string{"--shutdown-grace", "-1s"}, want: "--shutdown-grace -1s: must be 0 or more"},
+		{name: "retention complete", args: []string{"--retention-complete", "-1s"},
+			want: "--retention-complete -1s: must be 0 (keep forever) or more"},
+		{name: "retention failed", args: []string{"--retention-failed", "-2h"},
+			want: "--retention-failed -2h0m0s: must be 0 (keep forever) or more"},
+		{name: "prune interval", args: []string{"--prune-interval", "0s"}, want: "--prune-interval 0s: must be more than 0"},
 		{name: "log format", args: []string{"--log-format", "xml"}, want: `--log-format "xml": want text or json`},
 		{name: "log level", args: []string{"--log-level", "loud"}, want: `--log-level "loud"`},
 		{name: "not a number", args: []string{"--concurrency", "many"}, want: `invalid argument "many" for "--concurrency"`},
@@ -184,7 +198,8 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 // runFlags are exactly the flags of `scheduler run` (SPEC §11 and the issue's interface list; cobra adds --help
 // when the command runs).
 var runFlags = []string{"allow-exec", "concurrency", "database-url", "dispatch", "lease", "metrics-addr",
-	"poll-interval", "poll-only", "reap-interval", "shutdown-grace", "worker-id"}
+	"poll-interval", "poll-only", "prune-interval", "reap-interval", "retention-complete", "retention-failed",
+	"shutdown-grace", "worker-id"}
 
 func TestRunHasExactlyTheDocumentedFlags(t *testing.T) {
 	t.Parallel()

@@ -17,6 +17,7 @@ type Metrics struct {
 	retries         prometheus.Counter
 	released        prometheus.Counter
 	reaped          prometheus.Counter
+	pruned          prometheus.Counter
 	claimLatency    prometheus.Histogram
 	readyToStart    prometheus.Histogram
 	attemptDuration prometheus.Histogram
@@ -40,6 +41,8 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Attempts handed back uncharged at shutdown (release_step)."}),
 		reaped: prometheus.NewCounter(prometheus.CounterOpts{Name: "stepready_lease_reaps_total",
 			Help: "Steps whose lease expired and were handled by the reaper."}),
+		pruned: prometheus.NewCounter(prometheus.CounterOpts{Name: "stepready_pruned_tasks_total",
+			Help: "Finished tasks deleted by retention (prune_tasks), with their steps and events."}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_seconds",
 			Help: "Duration of one claim (and dispatch) round trip.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
 		readyToStart: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_to_start_seconds",
@@ -50,7 +53,7 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Attempts running on this daemon now."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.claimed, m.started, m.completed, m.failed, m.retries, m.released, m.reaped,
+		reg.MustRegister(m.claimed, m.started, m.completed, m.failed, m.retries, m.released, m.reaped, m.pruned,
 			m.claimLatency, m.readyToStart, m.attemptDuration, m.inFlight)
 	}
 	return m
@@ -108,6 +111,13 @@ func (m *Metrics) Failed(class string, retry bool) {
 func (m *Metrics) Released() {
 	if m != nil {
 		m.released.Inc()
+	}
+}
+
+// Pruned records n tasks deleted by retention.
+func (m *Metrics) Pruned(n int) {
+	if m != nil {
+		m.pruned.Add(float64(n))
 	}
 }
 

@@ -458,3 +458,24 @@ func SQLState(err error) string {
 	}
 	return ""
 }
+
+// PruneTasks calls prune_tasks (SPEC §13): it deletes at most limit tasks whose status is in statuses and that
+// finished before finishedBefore, with their steps, edges and events, and returns how many it deleted.
+func PruneTasks(ctx context.Context, db DBTX, finishedBefore time.Time, statuses []string, limit int) (int, error) {
+	var n int
+	if err := db.QueryRow(ctx, `SELECT stepready.prune_tasks($1, $2, $3)`, finishedBefore, statuses, limit).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: prune tasks: %w", err)
+	}
+	return n, nil
+}
+
+// CountPrunable counts the tasks prune_tasks would delete for the same cut-off and statuses, with no limit and
+// without deleting or locking anything (scheduler prune --dry-run).
+func CountPrunable(ctx context.Context, db DBTX, finishedBefore time.Time, statuses []string) (int, error) {
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks
+		WHERE completed_at < $1 AND status = ANY ($2)`, finishedBefore, statuses).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: count prunable tasks: %w", err)
+	}
+	return n, nil
+}

@@ -47,6 +47,7 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('fire_schedule',              '{worker}'),
     ('schedule_failed',            '{worker}'),
     ('set_schedule_next_fire',     '{worker}'),
+    ('prune_tasks',                '{worker}'),
     -- Operators (SPEC §9), and schedule management.
     ('cancel_task',                '{operator}'),
     ('pause_task',                 '{operator}'),

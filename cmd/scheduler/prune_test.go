@@ -1,0 +1,46 @@
+package main
+
+import (
+	"encoding/json"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+// TestPrune: --dry-run counts and deletes nothing; without it the finished tasks of the statuses go; unfinished
+// tasks stay; bad flags are usage errors.
+func TestPrune(t *testing.T) {
+	t.Parallel()
+	b := cliSetup(t)
+	for _, name := range []string{"a", "b", "c"} {
+		b.exec(`SELECT stepready.create_task($1::jsonb)`, `{"name": "`+name+`", "steps": [{"name": "s", "handler": "noop"}]}`)
+	}
+	b.exec(`SELECT stepready.cancel_task(1, 'old', now() - interval '2 hours')`)
+	b.exec(`SELECT stepready.cancel_task(2, 'new', now())`)
+
+	stdout, stderr, err := b.run("prune", "--older-than", "1h", "--dry-run", "-o", "json")
+	require.NoError(t, err, stderr)
+	var res pruneResult
+	require.NoError(t, json.Unmarshal([]byte(stdout), &res))
+	require.Equal(t, 1, res.Pruned)
+	require.True(t, res.DryRun)
+	require.Equal(t, int64(3), b.int64(`SELECT count(*) FROM stepready.tasks`), "a dry run deletes nothing")
+
+	stdout, stderr, err = b.run("prune", "--older-than", "1h")
+	require.NoError(t, err, stderr)
+	require.Contains(t, stdout, "1 tasks pruned: complete, cancelled, finished before ")
+	require.Equal(t, int64(0), b.int64(`SELECT count(*) FROM stepready.tasks WHERE id = 1`))
+
+	stdout, _, err = b.run("prune", "--older-than", "0s", "--status", "complete")
+	require.NoError(t, err)
+	require.Contains(t, stdout, "0 tasks pruned: complete,")
+	stdout, _, err = b.run("prune", "--older-than", "0s", "--status", "cancelled,error")
+	require.NoError(t, err)
+	require.Contains(t, stdout, "1 tasks pruned")
+	require.Equal(t, int64(1), b.int64(`SELECT count(*) FROM stepready.tasks`), "the pending task stays")
+
+	_, _, err = b.run("prune", "--older-than", "1h", "--status", "pending")
+	require.ErrorContains(t, err, `--status "pending": want a comma-separated list of complete, cancelled, error`)
+	_, _, err = b.run("prune")
+	require.ErrorContains(t, err, "--older-than is required")
+}

@@ -1,0 +1,144 @@
+package readiness
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/internal/metrics"
+	"github.com/stepready/stepready/internal/store"
+)
+
+// PrunerLockKey is the transaction advisory lock that elects the one pruner of each batch ("StepPrn\x01").
+const PrunerLockKey int64 = 0x5374_6570_5072_6e01
+
+// Pruner defaults.
+const (
+	// PruneBatchDefault is how many tasks one prune_tasks call deletes at most.
+	PruneBatchDefault = 1000
+	// PruneQueryTimeout bounds one batch; a batch that takes longer is cancelled and retried next round.
+	PruneQueryTimeout = 30 * time.Second
+	// prunePause is the longest pause between two batches of a round (a random part of it is taken), so that a
+	// large backlog is deleted as many short transactions rather than one long one.
+	prunePause = 50 * time.Millisecond
+)
+
+// Pruner deletes finished tasks older than their retention (SPEC §13) every Interval, on whichever instance
+// wins the advisory lock of each batch: one instance deletes at a time however many daemons run. A round deletes
+// in batches of Batch until a batch comes back short, each batch its own transaction with a timeout, with a short
+// jittered pause between batches.
+type Pruner struct {
+	// Pool is the database. Required.
+	Pool *pgxpool.Pool
+	// Interval between rounds. Required (> 0).
+	Interval time.Duration
+	// RetentionComplete is how long complete tasks are kept after they finished; < 0 keeps them forever.
+	RetentionComplete time.Duration
+	// RetentionFailed is how long error and cancelled tasks are kept after they finished; < 0 keeps them
+	// forever.
+	RetentionFailed time.Duration
+	// Batch is the most tasks one batch deletes (0: PruneBatchDefault).
+	Batch int
+	// Logger receives the pruner's logs. Required.
+	Logger *slog.Logger
+	// Metrics counts pruned tasks (nil: none).
+	Metrics *metrics.Metrics
+	// OnRound, when set, is called after every round with the number of tasks it deleted (tests wait on it).
+	OnRound func(deleted int)
+}
+
+// Run prunes until ctx is done. With both retentions negative it returns at once.
+func (p *Pruner) Run(ctx context.Context) error {
+	if p.RetentionComplete < 0 && p.RetentionFailed < 0 {
+		return nil
+	}
+	t := time.NewTicker(p.Interval)
+	defer t.Stop()
+	for {
+		n, err := p.PruneOnce(ctx)
+		if err != nil && ctx.Err() == nil {
+			p.Logger.Error("readiness: prune finished tasks", slog.Any("error", err))
+		}
+		if n > 0 {
+			p.Logger.Info("readiness: pruned finished tasks", slog.Int("tasks", n))
+		}
+		if p.OnRound != nil {
+			p.OnRound(n)
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+// PruneOnce runs one round: for each retention that is not negative, batches until one comes back short. It
+// returns how many tasks it deleted.
+func (p *Pruner) PruneOnce(ctx context.Context) (int, error) {
+	total := 0
+	for _, r := range []struct {
+		keep     time.Duration
+		statuses []string
+	}{
+		{p.RetentionComplete, []string{"complete"}},
+		{p.RetentionFailed, []string{"error", "cancelled"}},
+	} {
+		if r.keep < 0 {
+			continue
+		}
+		for {
+			n, full, err := p.batch(ctx, r.keep, r.statuses)
+			total += n
+			if err != nil || !full {
+				if err != nil {
+					return total, err
+				}
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return total, nil
+			case <-time.After(rand.N(prunePause)):
+			}
+		}
+	}
+	return total, nil
+}
+
+// batch deletes one batch if this instance wins the lock; full reports whether it was a full batch (more may
+// be waiting). The cut-off is the database's now minus keep.
+func (p *Pruner) batch(ctx context.Context, keep time.Duration, statuses []string) (n int, full bool, err error) {
+	limit := p.Batch
+	if limit <= 0 {
+		limit = PruneBatchDefault
+	}
+	ctx, cancel := context.WithTimeout(ctx, PruneQueryTimeout)
+	defer cancel()
+	err = pgx.BeginFunc(ctx, p.Pool, func(tx pgx.Tx) error {
+		var leader bool
+		if err := tx.QueryRow(ctx, `SELECT pg_try_advisory_xact_lock($1)`, PrunerLockKey).Scan(&leader); err != nil {
+			return fmt.Errorf("readiness: pruner election: %w", err)
+		}
+		if !leader {
+			return nil
+		}
+		var cutoff time.Time
+		if err := tx.QueryRow(ctx, `SELECT now() - make_interval(secs => $1)`, keep.Seconds()).Scan(&cutoff); err != nil {
+			return fmt.Errorf("readiness: pruner cut-off: %w", err)
+		}
+		var err error
+		n, err = store.PruneTasks(ctx, tx, cutoff, statuses, limit)
+		return err
+	})
+	if err != nil {
+		return 0, false, err
+	}
+	p.Metrics.Pruned(n)
+	return n, n == limit, nil
+}
