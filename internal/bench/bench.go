@@ -48,16 +48,20 @@ type Size struct {
 	CreationRun, CreationBulkRun time.Duration
 	// HistorySteps is how many finished steps (with their events) sit in the tables while scenario 2 runs again.
 	HistorySteps int
+	// SteadyRun is how long scenario 8 creates, works and prunes tasks.
+	SteadyRun time.Duration
 }
 
 // Sizes are the presets of cmd/bench.
 var Sizes = map[string]Size{
 	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000,
 		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000,
-		CreationRun: 30 * time.Second, CreationBulkRun: 5 * time.Second, HistorySteps: 100_000},
+		CreationRun: 30 * time.Second, CreationBulkRun: 5 * time.Second, HistorySteps: 100_000,
+		SteadyRun: time.Minute},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
 		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
-		CreationRun: 60 * time.Second, CreationBulkRun: 20 * time.Second, HistorySteps: 1_000_000},
+		CreationRun: 60 * time.Second, CreationBulkRun: 20 * time.Second, HistorySteps: 1_000_000,
+		SteadyRun: 10 * time.Minute},
 }
 
 // Row is one line of the report.
@@ -178,6 +182,7 @@ var scenarios = []scenario{
 	{"memory", memory},
 	{"creation", creation},
 	{"history", history},
+	{"steady state", steady},
 }
 
 // Print writes the report as a table.
