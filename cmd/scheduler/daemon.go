@@ -35,6 +35,9 @@ type daemonFlags struct {
 	retentionComplete time.Duration
 	retentionFailed   time.Duration
 	pruneInterval     time.Duration
+	// The http handler's guard (SPEC §17).
+	httpDenyPrivate bool
+	httpAllowHosts  []string
 }
 
 // register defines the flags on fs; dispatchDefault is the default of --dispatch.
@@ -62,6 +65,10 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 		"how long error and cancelled tasks are kept after they finished; 0 keeps them forever")
 	fs.DurationVar(&d.pruneInterval, "prune-interval", stepready.PruneIntervalDefault,
 		"how often the elected instance deletes the finished tasks past their retention")
+	fs.BoolVar(&d.httpDenyPrivate, "http-deny-private", false,
+		"the http handler also refuses loopback and private addresses (link-local, cloud metadata, always)")
+	fs.StringSliceVar(&d.httpAllowHosts, "http-allow-hosts", nil,
+		"exceptions to the http handler's guard: host names, IP addresses or CIDR prefixes, comma-separated")
 }
 
 // keep maps a retention flag to Config: 0 on the command line keeps forever.
@@ -150,7 +157,11 @@ func openPool(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, 
 func startClient(ctx context.Context, pool *pgxpool.Pool, d *daemonFlags, allowExec bool, logger *slog.Logger,
 	metrics prometheus.Registerer) (*stepready.Client, error) {
 	reg := steps.NewRegistry()
-	if err := builtin.Register(reg, builtin.Options{Pool: pool, AllowExec: allowExec}); err != nil {
+	guard := builtin.HTTPGuard{DenyPrivate: d.httpDenyPrivate, AllowHosts: d.httpAllowHosts}
+	if err := guard.Validate(); err != nil {
+		return nil, usagef("--http-allow-hosts: %w", err)
+	}
+	if err := builtin.Register(reg, builtin.Options{Pool: pool, AllowExec: allowExec, HTTPGuard: guard}); err != nil {
 		return nil, err
 	}
 	client, err := stepready.NewClient(pool, d.config(reg, logger, metrics))

@@ -34,6 +34,11 @@ type Options struct {
 	// given here is used as is; its Timeout, when set, cuts requests short independently of the step's timeout
 	// (such a failure is classified `timeout` too).
 	HTTPClient *http.Client
+
+	// HTTPGuard restricts the addresses the default HTTP client connects to (SPEC §17): link-local addresses
+	// (cloud metadata) are refused always, loopback and private ranges too with DenyPrivate, AllowHosts listing
+	// exceptions. It applies to the default client only: a client given as HTTPClient is used as is.
+	HTTPGuard HTTPGuard
 }
 
 // Timeouts of the default HTTP client (see Options.HTTPClient).
@@ -50,7 +55,10 @@ const (
 func Register(reg *steps.Registry, opts Options) error {
 	client := opts.HTTPClient
 	if client == nil {
-		client = newDefaultHTTPClient()
+		if err := opts.HTTPGuard.Validate(); err != nil {
+			return fmt.Errorf("builtin: %w", err)
+		}
+		client = newDefaultHTTPClient(&opts.HTTPGuard)
 	}
 
 	handlers := []registration{
@@ -82,12 +90,13 @@ type registration struct {
 	handler steps.Handler
 }
 
-// newDefaultHTTPClient returns the client used when Options.HTTPClient is nil.
-func newDefaultHTTPClient() *http.Client {
+// newDefaultHTTPClient returns the client used when Options.HTTPClient is nil; guard checks every address it
+// connects to. Through a proxy (HTTPS_PROXY and friends) the address connected to is the proxy's.
+func newDefaultHTTPClient(guard *HTTPGuard) *http.Client {
 	dialer := &net.Dialer{Timeout: defaultHTTPDialTimeout, KeepAlive: defaultHTTPKeepAlive}
 	return &http.Client{Transport: &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           dialer.DialContext,
+		DialContext:           guard.dialContext(dialer),
 		ForceAttemptHTTP2:     true,
 		MaxIdleConns:          100,
 		MaxIdleConnsPerHost:   10,

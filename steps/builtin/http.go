@@ -313,6 +313,10 @@ func (h *httpHandler) statusError(target string, resp *http.Response) error {
 // other error is a network error, `transient`.
 func classifyHTTPError(ctx context.Context, target string, err error) error {
 	err = fmt.Errorf("http handler: %s: %w", target, err)
+	if _, ok := deniedAddress(err); ok {
+		// The guard refused the destination (SPEC §17): retrying cannot change that.
+		return steps.Fail(steps.ClassPermanent, err)
+	}
 	if ctxErr := ctx.Err(); ctxErr != nil {
 		if errors.Is(ctxErr, context.DeadlineExceeded) {
 			return steps.Fail(steps.ClassTimeout, err)
