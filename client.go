@@ -83,6 +83,10 @@ type Config struct {
 	// PruneInterval is how often the elected instance prunes (default PruneIntervalDefault, a minute). Each round
 	// deletes in batches of 1,000 tasks until none is left past its retention.
 	PruneInterval time.Duration
+	// MaxOutputBytes is the largest output (encoded as JSON) an attempt may record; a larger one fails the attempt
+	// as contract_failure naming the size (SPEC §17). Default steps.MaxOutputBytesDefault (1 MiB); negative: no
+	// limit.
+	MaxOutputBytes int
 	// Logger receives the client's logs (nil: discarded).
 	Logger *slog.Logger
 	// Metrics, when set, receives the client's Prometheus collectors.

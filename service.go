@@ -38,7 +38,7 @@ func (c *Client) Start(ctx context.Context) error {
 	log := cfg.Logger
 	m := metrics.New(cfg.Metrics)
 	exec := &steps.Executor{Pool: c.pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
-		DefaultTimeout: cfg.DefaultTimeout, Logger: log, Metrics: m}
+		DefaultTimeout: cfg.DefaultTimeout, MaxOutputBytes: cfg.MaxOutputBytes, Logger: log, Metrics: m}
 
 	// Outcomes are recorded in batches (complete_steps, fail_steps); River's workers, which receive their steps
 	// one job at a time, also start them in batches (start_steps). The batchers stop after the dispatcher has

@@ -282,6 +282,8 @@ DECLARE
     v_msg      text;
     v_detail   text;
     v_hint     text;
+    v_max      bigint;
+    v_size     bigint;
 BEGIN
     IF p_definitions IS NULL OR jsonb_typeof(p_definitions) <> 'array' THEN
         PERFORM stepready._definition_error('definitions',
@@ -294,8 +296,16 @@ BEGIN
 
     -- 1. Validate everything before writing anything. One exception block for the whole loop (a block per
     -- element would open a subtransaction per element): it only adds the element's index to the message.
+    v_max := COALESCE(NULLIF(current_setting('stepready.max_definition_bytes', true), '')::bigint, 1048576);
     BEGIN
         FOR v_d IN SELECT value FROM jsonb_array_elements(p_definitions) LOOP
+            -- SPEC §17: a definition over the limit (1 MiB unless the setting stepready.max_definition_bytes says
+            -- otherwise) is refused before anything else is looked at.
+            v_size := octet_length(v_d::text);
+            IF v_size > v_max THEN
+                PERFORM stepready._definition_error('definition', format(
+                    'is %s bytes, over the limit of %s bytes (setting stepready.max_definition_bytes)', v_size, v_max));
+            END IF;
             v_order := stepready._check_definition(v_d);
             v_topo_ord := v_topo_ord || array_fill(v_i + 1, ARRAY[cardinality(v_order)]);
             v_topo_nm := v_topo_nm || v_order;

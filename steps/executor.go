@@ -57,6 +57,11 @@ type Executor struct {
 	Metrics *metrics.Metrics
 	// Starter, when set, starts the attempts of Run in batches (start_steps). Nil: one start_step per attempt.
 	Starter *BatchStarter
+	// MaxOutputBytes is the largest output, encoded as JSON, an attempt may record (SPEC §17); a larger one fails
+	// the attempt as contract_failure naming the size instead of bloating the tables. Zero means
+	// MaxOutputBytesDefault (1 MiB); negative means no limit. It applies to a repetition's output and next input
+	// too.
+	MaxOutputBytes int
 	// Recorder, when set, records plain outcomes (no outcome rules, no repetition) in batches: successes with
 	// complete_steps, failures with fail_steps. Nil: one complete_step or fail_step per attempt. Repetitions,
 	// releases and rule decisions are always recorded one by one.
@@ -177,7 +182,7 @@ func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Ste
 	if _, repeat := errors.AsType[*RepeatRequest](r.err); repeat {
 		return false // a repetition: record works out the outcome and calls continue_step
 	}
-	o := outcomeOf(r)
+	o := outcomeOf(r, e.maxOutputBytes())
 	switch {
 	case o.failure != nil:
 		doc, err := json.Marshal(*o.failure)
@@ -345,7 +350,7 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 		return e.failUncompiledRules(ctx, log, step, r.rulesErr)
 	}
 
-	o := outcomeOf(r)
+	o := outcomeOf(r, e.maxOutputBytes())
 	if prog != nil {
 		return e.recordWithRules(ctx, log, step, prog, o)
 	}
@@ -404,8 +409,16 @@ type repeatPlan struct {
 // outcomeOf turns the handler's result into the outcome that is recorded, with or without rules: every failure
 // has its error document here, so rules see panics and abandoned handlers with the class, message and stack
 // recorded for them.
-func outcomeOf(r result) attemptOutcome {
+func outcomeOf(r result, maxOutput int) attemptOutcome {
 	fail := func(d errorDoc) attemptOutcome { return attemptOutcome{failure: &d} }
+	encodeJSON := func(v any) (json.RawMessage, error) {
+		b, err := encodeJSON(v)
+		if err == nil && maxOutput >= 0 && len(b) > maxOutput {
+			return nil, fmt.Errorf("handler output is %d bytes, over the limit of %d bytes (--max-output-bytes)",
+				len(b), maxOutput)
+		}
+		return b, err
+	}
 	switch {
 	case r.panicked != nil:
 		return fail(errorDoc{Class: ClassPermanent, Message: fmt.Sprintf("handler panicked: %v", r.panicked),
@@ -530,6 +543,20 @@ func classify(err error, timedOut bool) errorDoc {
 		}
 	}
 	return d
+}
+
+// MaxOutputBytesDefault is the default of Executor.MaxOutputBytes: 1 MiB.
+const MaxOutputBytesDefault = 1 << 20
+
+// maxOutputBytes is MaxOutputBytes with its default; -1 for no limit.
+func (e *Executor) maxOutputBytes() int {
+	switch {
+	case e.MaxOutputBytes == 0:
+		return MaxOutputBytesDefault
+	case e.MaxOutputBytes < 0:
+		return -1
+	}
+	return e.MaxOutputBytes
 }
 
 func encodeJSON(v any) (json.RawMessage, error) {

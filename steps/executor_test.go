@@ -2,8 +2,10 @@ package steps_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -273,6 +275,40 @@ func TestExecutorRecordsANegativeRequestedDelayAsAContractFailure(t *testing.T) 
 			require.Equal(t, float64(429), doc["http_status"])
 			require.NotContains(t, doc, "retry_after_ms", "the bad value is not used")
 			require.Equal(t, int64(77), delay, "the step's own backoff")
+		})
+	}
+}
+
+// TestExecutorOutputSizeLimit: an output of exactly MaxOutputBytes (encoded) is recorded; one byte more fails the
+// attempt as contract_failure naming both sizes; the limit covers a repetition's output too (SPEC §17).
+func TestExecutorOutputSizeLimit(t *testing.T) {
+	t.Parallel()
+	const limit = 100
+	// A JSON string of n bytes in all: the quotes and n-2 letters.
+	output := func(n int) json.RawMessage { return json.RawMessage(`"` + strings.Repeat("x", n-2) + `"`) }
+	for _, tc := range []struct {
+		name    string
+		handler steps.HandlerFunc
+		state   string
+		message string
+	}{
+		{"at the limit", func(context.Context, *steps.Step) (any, error) { return output(limit), nil }, "complete", ""},
+		{"one byte over", func(context.Context, *steps.Step) (any, error) { return output(limit + 1), nil }, "waiting_for_retry",
+			"handler output is 101 bytes, over the limit of 100 bytes (--max-output-bytes)"},
+		{"a repetition's output over", func(context.Context, *steps.Step) (any, error) {
+			return nil, steps.Repeat(output(limit+1), nil, 0)
+		}, "waiting_for_retry", "handler output is 101 bytes, over the limit of 100 bytes (--max-output-bytes)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := execSetup(t)
+			b.exec.MaxOutputBytes = limit
+			_, got := b.runOnce(t, tc.handler, "")
+			require.Equal(t, tc.state, got.State)
+			if tc.message != "" {
+				require.Equal(t, "contract_failure", got.Class)
+				require.Equal(t, tc.message, got.Message)
+			}
 		})
 	}
 }

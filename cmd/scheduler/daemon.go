@@ -38,6 +38,7 @@ type daemonFlags struct {
 	// The http handler's guard (SPEC §17).
 	httpDenyPrivate bool
 	httpAllowHosts  []string
+	maxOutputBytes  int
 }
 
 // register defines the flags on fs; dispatchDefault is the default of --dispatch.
@@ -65,6 +66,8 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 		"how long error and cancelled tasks are kept after they finished; 0 keeps them forever")
 	fs.DurationVar(&d.pruneInterval, "prune-interval", stepready.PruneIntervalDefault,
 		"how often the elected instance deletes the finished tasks past their retention")
+	fs.IntVar(&d.maxOutputBytes, "max-output-bytes", steps.MaxOutputBytesDefault,
+		"the largest output (as JSON) an attempt may record; a larger one fails it as contract_failure")
 	fs.BoolVar(&d.httpDenyPrivate, "http-deny-private", false,
 		"the http handler also refuses loopback and private addresses (link-local, cloud metadata, always)")
 	fs.StringSliceVar(&d.httpAllowHosts, "http-allow-hosts", nil,
@@ -100,6 +103,8 @@ func (d *daemonFlags) validate() error {
 		return usagef("--retention-complete %s: must be 0 (keep forever) or more", d.retentionComplete)
 	case d.retentionFailed < 0:
 		return usagef("--retention-failed %s: must be 0 (keep forever) or more", d.retentionFailed)
+	case d.maxOutputBytes < 1:
+		return usagef("--max-output-bytes %d: must be 1 or more", d.maxOutputBytes)
 	case d.pruneInterval <= 0:
 		return usagef("--prune-interval %s: must be more than 0", d.pruneInterval)
 	case strings.TrimSpace(d.workerID) != d.workerID:
@@ -123,6 +128,7 @@ func (d *daemonFlags) config(reg *steps.Registry, logger *slog.Logger, metrics p
 		RetentionComplete: keep(d.retentionComplete),
 		RetentionFailed:   keep(d.retentionFailed),
 		PruneInterval:     d.pruneInterval,
+		MaxOutputBytes:    d.maxOutputBytes,
 		Logger:            logger,
 		Metrics:           metrics,
 	}

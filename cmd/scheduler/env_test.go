@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/steps"
 )
 
 // envBundle runs the command line with a fake environment and captures the resolved `run` flags instead of
@@ -65,6 +66,7 @@ func runDefaults() runParams {
 			retentionComplete: stepready.RetentionCompleteDefault,
 			retentionFailed:   stepready.RetentionFailedDefault,
 			pruneInterval:     stepready.PruneIntervalDefault,
+			maxOutputBytes:    steps.MaxOutputBytesDefault,
 		},
 	}
 }
@@ -86,6 +88,9 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		"STEPREADY_RETENTION_COMPLETE": "24h",
 		"STEPREADY_RETENTION_FAILED":   "0",
 		"STEPREADY_PRUNE_INTERVAL":     "5m",
+		"STEPREADY_HTTP_DENY_PRIVATE":  "true",
+		"STEPREADY_HTTP_ALLOW_HOSTS":   "api.internal,10.0.0.0/8",
+		"STEPREADY_MAX_OUTPUT_BYTES":   "2048",
 		"STEPREADY_ALLOW_EXEC":         "1",
 		"STEPREADY_LOG_FORMAT":         "json",
 		"STEPREADY_LOG_LEVEL":          "debug",
@@ -96,7 +101,8 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		allowExec:   true,
 		daemon: daemonFlags{dispatch: "direct", concurrency: 7, lease: 45 * time.Second, reapInterval: 3 * time.Second,
 			pollInterval: 250 * time.Millisecond, shutdownGrace: 0, workerID: "worker-env", pollOnly: true,
-			retentionComplete: 24 * time.Hour, retentionFailed: 0, pruneInterval: 5 * time.Minute},
+			retentionComplete: 24 * time.Hour, retentionFailed: 0, pruneInterval: 5 * time.Minute,
+			httpDenyPrivate: true, httpAllowHosts: []string{"api.internal", "10.0.0.0/8"}, maxOutputBytes: 2048},
 	}
 
 	tests := []struct {
@@ -115,13 +121,14 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 				"--lease", "1m", "--reap-interval", "20s", "--poll-interval", "2s", "--shutdown-grace", "4s",
 				"--worker-id", "worker-flag", "--metrics-addr", ":9090", "--poll-only=false", "--allow-exec=false",
 				"--log-format", "text", "--log-level", "warn", "--retention-complete", "1h", "--retention-failed", "2h",
-				"--prune-interval", "10s"},
+				"--prune-interval", "10s", "--http-deny-private=false", "--http-allow-hosts", "a.example",
+				"--max-output-bytes", "4096"},
 			want: func(p *runParams) {
 				p.metricsAddr = ":9090"
 				p.daemon = daemonFlags{dispatch: "river", concurrency: 3, lease: time.Minute,
 					reapInterval: 20 * time.Second, pollInterval: 2 * time.Second, shutdownGrace: 4 * time.Second,
 					workerID: "worker-flag", retentionComplete: time.Hour, retentionFailed: 2 * time.Hour,
-					pruneInterval: 10 * time.Second}
+					pruneInterval: 10 * time.Second, httpAllowHosts: []string{"a.example"}, maxOutputBytes: 4096}
 			}, logLevel: "warn", logFormat: "text"},
 		{name: "STEPREADY_DATABASE_URL beats DATABASE_URL",
 			env:  map[string]string{"STEPREADY_DATABASE_URL": "postgres://db", "DATABASE_URL": "postgres://other"},
@@ -169,6 +176,7 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 		{name: "retention failed", args: []string{"--retention-failed", "-2h"},
 			want: "--retention-failed -2h0m0s: must be 0 (keep forever) or more"},
 		{name: "prune interval", args: []string{"--prune-interval", "0s"}, want: "--prune-interval 0s: must be more than 0"},
+		{name: "max output bytes", args: []string{"--max-output-bytes", "0"}, want: "--max-output-bytes 0: must be 1 or more"},
 		{name: "log format", args: []string{"--log-format", "xml"}, want: `--log-format "xml": want text or json`},
 		{name: "log level", args: []string{"--log-level", "loud"}, want: `--log-level "loud"`},
 		{name: "not a number", args: []string{"--concurrency", "many"}, want: `invalid argument "many" for "--concurrency"`},
@@ -199,7 +207,7 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 // when the command runs).
 var runFlags = []string{"allow-exec", "concurrency", "database-url", "dispatch", "lease", "metrics-addr",
 	"poll-interval", "poll-only", "prune-interval", "reap-interval", "retention-complete", "retention-failed",
-	"shutdown-grace", "worker-id", "http-deny-private", "http-allow-hosts"}
+	"shutdown-grace", "worker-id", "http-deny-private", "http-allow-hosts", "max-output-bytes"}
 
 func TestRunHasExactlyTheDocumentedFlags(t *testing.T) {
 	t.Parallel()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -407,4 +408,33 @@ func testCreationReads(t *testing.T, analyzeEmpty bool) {
 	after := readCreationStats(t, conn)
 	require.Zero(t, after.seq-before.seq, "rows read by sequential scans in create_tasks of 100 tasks")
 	require.Less(t, (after.idx-before.idx)/100, int64(40), "rows read per task by create_tasks")
+}
+
+// TestDefinitionSizeLimit: a definition over stepready.max_definition_bytes (1 MiB by default) is refused naming
+// its size, at the limit it is accepted (SPEC §17).
+func TestDefinitionSizeLimit(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := t.Context()
+	conn := db.Conn(t)
+	// A definition of exactly n bytes as jsonb prints it: padding in the context.
+	def := func(n int) string {
+		base := `{"name": "big", "steps": [{"name": "s", "handler": "noop"}], "context": {"pad": ""}}`
+		return strings.Replace(base, `"pad": ""`, `"pad": "`+strings.Repeat("x", n-len(base))+`"`, 1)
+	}
+	_, err := conn.Exec(ctx, `SELECT stepready.create_task($1::jsonb)`, def(1048576))
+	require.NoError(t, err, "exactly 1 MiB")
+	_, err = conn.Exec(ctx, `SELECT stepready.create_task($1::jsonb)`, def(1048577))
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "22023", pgErr.Code)
+	require.Equal(t, "definition: is 1048577 bytes, over the limit of 1048576 bytes (setting stepready.max_definition_bytes)",
+		pgErr.Message)
+
+	_, err = conn.Exec(ctx, `SET stepready.max_definition_bytes = 200`)
+	require.NoError(t, err)
+	_, err = conn.Exec(ctx, `SELECT * FROM stepready.create_tasks($1::jsonb)`, `[`+def(150)+`, `+def(201)+`]`)
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "definitions[1]: definition: is 201 bytes, over the limit of 200 bytes (setting stepready.max_definition_bytes)",
+		pgErr.Message)
 }
