@@ -39,6 +39,8 @@ type daemonFlags struct {
 	httpDenyPrivate bool
 	httpAllowHosts  []string
 	maxOutputBytes  int
+	// sqlDatabaseURL is the database of the `sql` handler's own pool (SPEC §17); empty: `sql` is disabled.
+	sqlDatabaseURL string
 }
 
 // register defines the flags on fs; dispatchDefault is the default of --dispatch.
@@ -68,6 +70,9 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 		"how often the elected instance deletes the finished tasks past their retention")
 	fs.IntVar(&d.maxOutputBytes, "max-output-bytes", steps.MaxOutputBytesDefault,
 		"the largest output (as JSON) an attempt may record; a larger one fails it as contract_failure")
+	fs.StringVar(&d.sqlDatabaseURL, "sql-database-url", "",
+		"database URL the sql handler runs step SQL on, with a pool of its own (pool_max_conns in the URL, default 4);\n"+
+			"without it sql steps fail permanent: step SQL never runs on the scheduler's connection")
 	fs.BoolVar(&d.httpDenyPrivate, "http-deny-private", false,
 		"the http handler also refuses loopback and private addresses (link-local, cloud metadata, always)")
 	fs.StringSliceVar(&d.httpAllowHosts, "http-allow-hosts", nil,
@@ -167,15 +172,41 @@ func startClient(ctx context.Context, pool *pgxpool.Pool, d *daemonFlags, allowE
 	if err := guard.Validate(); err != nil {
 		return nil, usagef("--http-allow-hosts: %w", err)
 	}
-	if err := builtin.Register(reg, builtin.Options{Pool: pool, AllowExec: allowExec, HTTPGuard: guard}); err != nil {
+	var sqlPool *pgxpool.Pool
+	if d.sqlDatabaseURL != "" {
+		cfg, err := pgxpool.ParseConfig(d.sqlDatabaseURL)
+		if err != nil {
+			return nil, usagef("--sql-database-url: %w", err)
+		}
+		if sqlPool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
+			return nil, fmt.Errorf("open the sql handler's pool: %w", err)
+		}
+	}
+	closeSQL := func() {
+		if sqlPool != nil {
+			sqlPool.Close()
+		}
+	}
+	if err := builtin.Register(reg, builtin.Options{Pool: sqlPool, AllowExec: allowExec, HTTPGuard: guard}); err != nil {
+		closeSQL()
 		return nil, err
 	}
 	client, err := stepready.NewClient(pool, d.config(reg, logger, metrics))
 	if err != nil {
+		closeSQL()
 		return nil, usageError{err}
 	}
 	if err := client.Start(ctx); err != nil {
+		closeSQL()
 		return nil, err
+	}
+	if sqlPool != nil {
+		// Closed once the client has stopped: its last attempts may still be running step SQL until then.
+		go func() {
+			<-ctx.Done()
+			<-client.Stopped()
+			sqlPool.Close()
+		}()
 	}
 	return client, nil
 }

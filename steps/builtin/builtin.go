@@ -16,10 +16,11 @@ import (
 // Options configures the built-in handlers installed by Register. The zero value registers every handler except
 // `sql`, with `exec` disabled and a default HTTP client.
 type Options struct {
-	// Pool is the PostgreSQL pool the `sql` handler runs its queries on. Nil (the default) leaves `sql`
-	// unregistered, so a step asking for it fails as an unknown handler. It may be the scheduler's own pool: the
-	// handler holds a connection only for the duration of one query, but a slow query then competes with the
-	// scheduler's own work for connections.
+	// Pool is the PostgreSQL pool the `sql` handler runs step SQL on. Nil (the default) registers a `sql` that
+	// fails every step `permanent`, saying how to enable it. Give it a pool of its own, on a role with the
+	// rights step SQL needs and none of stepready's (SPEC §17: `scheduler run --sql-database-url`), never the
+	// scheduler's pool: whoever can insert a step could otherwise rewrite stepready's tables with the
+	// scheduler's rights.
 	Pool *pgxpool.Pool
 
 	// AllowExec lets the `exec` handler run programs on the scheduler's host, with the scheduler's user,
@@ -69,6 +70,8 @@ func Register(reg *steps.Registry, opts Options) error {
 	}
 	if opts.Pool != nil {
 		handlers = append(handlers, registration{"sql", &sqlHandler{pool: opts.Pool}})
+	} else {
+		handlers = append(handlers, registration{"sql", steps.HandlerFunc(handleSQLDisabled)})
 	}
 	if opts.AllowExec {
 		handlers = append(handlers, registration{"exec", &execHandler{}})

@@ -2,7 +2,7 @@
 // exec. Register installs them in a steps.Registry:
 //
 //	reg := steps.NewRegistry()
-//	err := builtin.Register(reg, builtin.Options{Pool: pool, AllowExec: allowExec})
+//	err := builtin.Register(reg, builtin.Options{Pool: stepSQLPool, AllowExec: allowExec})
 //
 // # Input, output and failures
 //

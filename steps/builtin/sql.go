@@ -44,6 +44,16 @@ var sqlTransientCodes = map[string]bool{
 	"57014": true,
 }
 
+// errSQLDisabled is the failure of a `sql` step when no database was given for step SQL.
+var errSQLDisabled = errors.New("sql handler is disabled: step SQL never runs on the scheduler's own connection; " +
+	"start the scheduler with --sql-database-url (STEPREADY_SQL_DATABASE_URL) naming a database URL whose role has " +
+	"the rights step SQL needs (builtin.Options.Pool)")
+
+// handleSQLDisabled is the `sql` handler when no pool was given for step SQL.
+func handleSQLDisabled(context.Context, *steps.Step) (any, error) {
+	return nil, &steps.Error{Class: steps.ClassPermanent, Code: "sql_disabled", Err: errSQLDisabled}
+}
+
 // sqlHandler is the `sql` handler.
 type sqlHandler struct {
 	pool *pgxpool.Pool

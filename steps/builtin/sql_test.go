@@ -350,3 +350,45 @@ func TestClassifySQLError(t *testing.T) {
 		})
 	}
 }
+
+// TestSQLDisabledWithoutAPool: with no pool for step SQL, `sql` is registered and fails every step permanent,
+// saying how to enable it (SPEC §17: step SQL never runs on the scheduler's connection).
+func TestSQLDisabledWithoutAPool(t *testing.T) {
+	t.Parallel()
+	reg := steps.NewRegistry()
+	require.NoError(t, Register(reg, Options{}))
+	h, ok := reg.Lookup("sql")
+	require.True(t, ok)
+	_, err := h.Handle(context.Background(), &steps.Step{Name: "s", Attempt: 1, Input: json.RawMessage(`{"query": "SELECT 1"}`)})
+	fail := requireClass(t, err, steps.ClassPermanent)
+	require.Equal(t, "sql_disabled", fail.Code)
+	require.ErrorContains(t, err, "--sql-database-url")
+}
+
+// TestSQLOnARoleWithoutStepreadyRights: step SQL run through a pool whose role has no stepready rights cannot
+// read or change stepready's tables (a task author cannot mark steps complete through a `sql` step), while the
+// application's own tables work.
+func TestSQLOnARoleWithoutStepreadyRights(t *testing.T) {
+	t.Parallel()
+	b := setupSQL(t)
+	ctx := context.Background()
+	_, err := b.db.Pool.Exec(ctx, `GRANT SELECT, UPDATE ON public.items TO PUBLIC`)
+	require.NoError(t, err)
+	pool, err := pgxpool.New(ctx, b.db.LoginRole(t, ""))
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	h := &sqlHandler{pool: pool}
+
+	_, err = run(ctx, h, sqlInputJSON(t, `UPDATE public.items SET n = n + 1 WHERE id = 1`), 1)
+	require.NoError(t, err, "the application's own table")
+	for _, q := range []string{
+		`UPDATE stepready.steps SET state = 'complete'`,
+		`SELECT count(*) FROM stepready.tasks`,
+		`SELECT stepready.cancel_task(1, 'x')`,
+	} {
+		_, err := run(ctx, h, sqlInputJSON(t, q), 1)
+		require.Error(t, err, q)
+		fail := requireClass(t, err, steps.ClassPermanent)
+		require.Equal(t, "42501", fail.Code, "%s: %v", q, err)
+	}
+}

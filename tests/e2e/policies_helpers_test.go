@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready"
@@ -113,13 +114,17 @@ func (a *polAPI) client() *http.Client {
 }
 
 // polSetup is setup with the built-in handlers registered (http through api's client when api is not nil, sql
-// on the daemon's pool) plus extra, and a direct-dispatch daemon started. The one-minute poll interval means a
+// on a pool of its own whose role has no stepready rights, as `scheduler run --sql-database-url` gives it) plus
+// extra, and a direct-dispatch daemon started. The one-minute poll interval means a
 // retry that starts on time was woken by the due timer.
 func polSetup(t *testing.T, mode string, api *polAPI, extra map[string]steps.Handler) *bundle {
 	t.Helper()
 	b := setup(t)
 	b.reg = steps.NewRegistry()
-	opts := builtin.Options{Pool: b.pool}
+	sqlPool, err := pgxpool.New(context.Background(), b.db.LoginRole(t, ""))
+	require.NoError(t, err)
+	t.Cleanup(sqlPool.Close)
+	opts := builtin.Options{Pool: sqlPool}
 	if api != nil {
 		opts.HTTPClient = api.client()
 	}

@@ -126,11 +126,11 @@ BEGIN
     RETURN NEW;
 END $$;
 CREATE TRIGGER inject_fault BEFORE INSERT ON billing.ledger FOR EACH ROW EXECUTE FUNCTION billing.inject_fault();
--- The step's SQL runs on the daemon's pool, whose login role has only stepready_worker: the application's own
--- schema is granted to it here, as an application would.
-GRANT USAGE ON SCHEMA billing TO stepready_worker;
-GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA billing TO stepready_worker;
-GRANT USAGE ON ALL SEQUENCES IN SCHEMA billing TO stepready_worker;`
+-- Step SQL runs on a pool of its own, as a role with no stepready rights (SPEC §17): the application's schema is
+-- granted to it here, as an application would.
+GRANT USAGE ON SCHEMA billing TO PUBLIC;
+GRANT SELECT, INSERT ON ALL TABLES IN SCHEMA billing TO PUBLIC;
+GRANT USAGE ON ALL SEQUENCES IN SCHEMA billing TO PUBLIC;`
 
 // postgres-serialization.yaml: 40001 and 40P01 retried exponentially; any other SQLSTATE fails at once, even
 // one the sql built-in classifies as transient.

@@ -35,6 +35,7 @@
 package pgtest
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -120,17 +121,20 @@ func (db *DB) NewPool(t testing.TB, opts ...PoolOption) *pgxpool.Pool {
 }
 
 // LoginRole creates a LOGIN role that is a member of group only (for example stepready_worker, one of the roles
-// `migrate up` creates, SPEC §17) and returns db's URL with that user, for code under test that must run with
-// exactly that role's rights. The role is named after the database (roles are cluster-wide: parallel tests
+// `migrate up` creates, SPEC §17; "" for none: a role with PUBLIC's rights only) and returns db's URL with that
+// user, for code under test that must run with exactly that role's rights. The role is named after the database (roles are cluster-wide: parallel tests
 // must not share one) and dropped when t ends. Its password is not needed: the throwaway cluster trusts local
 // connections (with TEST_DATABASE_URL, the server's own authentication applies).
 func (db *DB) LoginRole(t testing.TB, group string) string {
 	t.Helper()
-	role := db.Name + "_" + strings.TrimPrefix(group, "stepready_")
+	role := db.Name + "_" + cmp.Or(strings.TrimPrefix(group, "stepready_"), "nobody")
 	ctx, cancel := context.WithTimeout(context.Background(), operationTimeout)
 	defer cancel()
-	if _, err := db.Pool.Exec(ctx, "CREATE ROLE "+pgx.Identifier{role}.Sanitize()+" LOGIN IN ROLE "+
-		pgx.Identifier{group}.Sanitize()); err != nil {
+	create := "CREATE ROLE " + pgx.Identifier{role}.Sanitize() + " LOGIN"
+	if group != "" {
+		create += " IN ROLE " + pgx.Identifier{group}.Sanitize()
+	}
+	if _, err := db.Pool.Exec(ctx, create); err != nil {
 		t.Fatalf("pgtest: create role %s in %s: %v", role, group, err)
 	}
 	t.Cleanup(func() {
