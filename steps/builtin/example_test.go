@@ -30,7 +30,7 @@ func Example() {
 		fmt.Println("attempt", attempt, "output:", string(b))
 	}
 	// Output:
-	// [exec fail http noop sleep]
+	// [exec fail http noop sleep sql]
 	// attempt 1 failed: transient: fail handler: attempt 1 of 2 fails
 	// attempt 2 failed: transient: fail handler: attempt 2 of 2 fails
 	// attempt 3 output: {"attempts":3}

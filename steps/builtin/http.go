@@ -42,13 +42,19 @@ type httpInput struct {
 	// (the parameter repeated, in order) or null (the parameter is removed). Empty or absent leaves URL as is;
 	// otherwise the resulting query string is re-encoded with its parameters sorted by name.
 	Query map[string]json.RawMessage `json:"query"`
-	// Headers are request headers, one value each.
-	Headers map[string]string `json:"headers"`
+	// Headers are request headers, one value each: a string, or {"env": "NAME"} for a secret read from the
+	// daemon's environment when the attempt runs (never stored). The values of Authorization, Cookie,
+	// Proxy-Authorization and X-Api-Key, and every value from the environment, are redacted from errors and from
+	// the response recorded as output.
+	Headers map[string]headerValue `json:"headers"`
 	// Body is the request body: a JSON string is sent as is, any other JSON value is sent JSON-encoded with
 	// Content-Type application/json (unless Headers set one); absent or null sends no body.
 	Body json.RawMessage `json:"body"`
 	// Expect lists the statuses that complete the step; empty means any 2xx.
 	Expect []int `json:"expect"`
+
+	// fromEnv lists the headers whose values came from the environment (set by newRequest).
+	fromEnv []string
 }
 
 // httpOutput is the output of the `http` handler.
@@ -86,24 +92,45 @@ func (h *httpHandler) Handle(ctx context.Context, step *steps.Step) (any, error)
 	if err != nil {
 		return nil, err
 	}
+	hidden := secrets(req, in.fromEnv)
+	out, err := h.do(ctx, in, req)
+	if err != nil {
+		return nil, redactError(err, hidden)
+	}
+	if len(hidden) > 0 {
+		// What the server echoes back is recorded as the step's output: no secret goes with it.
+		for k, v := range out.Headers {
+			out.Headers[k] = redact(v, hidden)
+		}
+		if b, err := json.Marshal(out.Body); err == nil {
+			if r := redact(string(b), hidden); r != string(b) && json.Valid([]byte(r)) {
+				out.Body = json.RawMessage(r)
+			}
+		}
+	}
+	return out, nil
+}
+
+// do sends the request and reads the response.
+func (h *httpHandler) do(ctx context.Context, in httpInput, req *http.Request) (httpOutput, error) {
 	target := req.Method + " " + req.URL.Redacted()
 
 	resp, err := h.client.Do(req)
 	if err != nil {
-		return nil, classifyHTTPError(ctx, target, err)
+		return httpOutput{}, classifyHTTPError(ctx, target, err)
 	}
 	defer resp.Body.Close()
 
 	if !expectedStatus(resp.StatusCode, in.Expect) {
-		return nil, h.statusError(target, resp)
+		return httpOutput{}, h.statusError(target, resp)
 	}
 
 	body, err := io.ReadAll(io.LimitReader(resp.Body, h.maxBody+1))
 	if err != nil {
-		return nil, classifyHTTPError(ctx, target, fmt.Errorf("read response body: %w", err))
+		return httpOutput{}, classifyHTTPError(ctx, target, fmt.Errorf("read response body: %w", err))
 	}
 	if int64(len(body)) > h.maxBody {
-		return nil, &steps.Error{
+		return httpOutput{}, &steps.Error{
 			Class:      steps.ClassPermanent,
 			HTTPStatus: resp.StatusCode,
 			Code:       strconv.Itoa(resp.StatusCode),
@@ -183,9 +210,16 @@ func (h *httpHandler) newRequest(ctx context.Context, step *steps.Step, in *http
 	if err != nil {
 		return nil, badInput(step, "url", "%v", err)
 	}
-	for k, v := range in.Headers {
+	for k, hv := range in.Headers {
 		if !isToken(k) {
 			return nil, badInput(step, "headers", "%q is not a valid header name", k)
+		}
+		v, fromEnv, err := hv.resolve()
+		if err != nil {
+			return nil, badInput(step, "headers", "%q: %v", k, err)
+		}
+		if fromEnv {
+			in.fromEnv = append(in.fromEnv, k)
 		}
 		if strings.ContainsAny(v, "\r\n\x00") {
 			return nil, badInput(step, "headers", "the value of %q contains CR, LF or NUL", k)

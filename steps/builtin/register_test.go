@@ -18,7 +18,7 @@ func TestRegister(t *testing.T) {
 		t.Parallel()
 		reg := steps.NewRegistry()
 		require.NoError(t, Register(reg, Options{}))
-		require.Equal(t, []string{"exec", "fail", "http", "noop", "sleep"}, reg.Names())
+		require.Equal(t, []string{"exec", "fail", "http", "noop", "sleep", "sql"}, reg.Names(), "sql registered disabled")
 
 		h, ok := reg.Lookup("http")
 		require.True(t, ok)
