@@ -39,8 +39,9 @@ type Cluster struct {
 	cred       *syscall.Credential
 	logger     *slog.Logger
 
-	// Throwaway clusters only: the postgres child process.
-	cmd    *exec.Cmd
+	// Throwaway clusters only: the postgres child process, and its settings for Restart.
+	settings, env []string
+	cmd           *exec.Cmd
 	exited chan struct{} // closed once cmd has been waited for
 	logf   *os.File
 
@@ -149,8 +150,9 @@ func StartThrowaway(ctx context.Context, opts ThrowawayOptions) (_ *Cluster, err
 	// The free port is found by binding and releasing it, so another process may take it first: try again.
 	var lastErr error
 	for range 3 {
-		c := &Cluster{Dir: dir, DataDir: dataDir, Started: true, bin: bin, cred: cred, logger: logger, logf: logf}
-		err := c.startChild(ctx, opts.Settings, opts.Env)
+		c := &Cluster{Dir: dir, DataDir: dataDir, Started: true, bin: bin, cred: cred, logger: logger, logf: logf,
+			settings: opts.Settings, env: opts.Env}
+		err := c.startChild(ctx, 0)
 		if err == nil {
 			logger.Debug("pgcluster: throwaway cluster running", slog.Int("port", c.Port))
 			return c, nil
@@ -172,11 +174,47 @@ func initdb(ctx context.Context, bin binDir, cred *syscall.Credential, dir, data
 		"--encoding", "UTF8", "--locale", "C", "--no-sync", "--no-instructions")
 }
 
-// startChild starts postgres on a free port as a child process and waits until it accepts connections.
-func (c *Cluster) startChild(ctx context.Context, settings, env []string) error {
-	port, err := freePort()
-	if err != nil {
-		return err
+// CrashStop ends a throwaway cluster's server at once, as `pg_ctl stop -m immediate` does (SIGQUIT: every
+// session dropped, no checkpoint; the next start runs crash recovery), and waits until it has exited. For tests
+// of what survives a database crash; Restart starts it again.
+func (c *Cluster) CrashStop() error {
+	if c.persistent || c.cmd == nil {
+		return errors.New("pgcluster: CrashStop is for throwaway clusters")
+	}
+	_ = c.cmd.Process.Signal(syscall.SIGQUIT)
+	select {
+	case <-c.exited:
+		return nil
+	case <-time.After(30 * time.Second):
+		_ = c.cmd.Process.Kill()
+		<-c.exited
+		return nil
+	}
+}
+
+// Restart starts a throwaway cluster's server again after CrashStop, on the same port and with the same
+// settings, and waits until it accepts connections.
+func (c *Cluster) Restart(ctx context.Context) error {
+	if c.persistent || c.cmd == nil {
+		return errors.New("pgcluster: Restart is for throwaway clusters")
+	}
+	select {
+	case <-c.exited:
+	default:
+		return errors.New("pgcluster: Restart: the server is still running")
+	}
+	return c.startChild(ctx, c.Port)
+}
+
+// startChild starts postgres on port (0: a free one) as a child process and waits until it accepts
+// connections.
+func (c *Cluster) startChild(ctx context.Context, port int) error {
+	settings, env := c.settings, c.env
+	if port == 0 {
+		var err error
+		if port, err = freePort(); err != nil {
+			return err
+		}
 	}
 
 	args := []string{"-D", c.DataDir, "-p", strconv.Itoa(port),

@@ -39,6 +39,15 @@ func runChildDaemon() int {
 		<-ctx.Done()
 		return nil, ctx.Err()
 	}))
+	// A short piece of work (the crash test's steps).
+	reg.MustRegister("work", steps.HandlerFunc(func(ctx context.Context, _ *steps.Step) (any, error) {
+		select {
+		case <-time.After(10 * time.Millisecond):
+			return "done", nil
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}))
 	c, err := stepready.NewClient(pool, stepready.Config{Registry: reg, Dispatch: os.Getenv(childDispatchEnv),
 		WorkerID: "child", Lease: 2 * time.Second, ReapInterval: time.Second, PollInterval: 200 * time.Millisecond,
 		ShutdownGrace: 200 * time.Millisecond})
