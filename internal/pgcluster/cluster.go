@@ -42,8 +42,8 @@ type Cluster struct {
 	// Throwaway clusters only: the postgres child process, and its settings for Restart.
 	settings, env []string
 	cmd           *exec.Cmd
-	exited chan struct{} // closed once cmd has been waited for
-	logf   *os.File
+	exited        chan struct{} // closed once cmd has been waited for
+	logf          *os.File
 
 	stopOnce sync.Once
 	stopErr  error
