@@ -61,11 +61,24 @@ func (r *Reaper) ReapOnce(ctx context.Context) (int, error) {
 			return fmt.Errorf("readiness: reaper election: %w", err)
 		}
 		if !leader {
+			r.Metrics.ResetQueueBacklog()
 			return nil
 		}
 		var err error
-		n, err = store.ReapExpiredLeases(ctx, tx)
-		return err
+		if n, err = store.ReapExpiredLeases(ctx, tx); err != nil {
+			return err
+		}
+		// The elected instance also exports the backlog (queue_stats), so that operators can alert and
+		// autoscale on the scheduling lag.
+		stats, err := store.QueueStats(ctx, tx)
+		if err != nil {
+			return err
+		}
+		r.Metrics.ResetQueueBacklog()
+		for _, s := range stats {
+			r.Metrics.QueueBacklog(s.Queue, s.Ready, s.InFlight, s.WaitingForRetry, s.DueWithinMinute, s.OldestReadySeconds)
+		}
+		return nil
 	})
 	r.Metrics.Reaped(n)
 	return n, err

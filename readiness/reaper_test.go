@@ -9,8 +9,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/readiness"
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
@@ -64,4 +67,56 @@ func TestReaperElectsOneInstancePerRound(t *testing.T) {
 		return tx.QueryRow(ctx, `SELECT count(*) FROM stepready.step_events WHERE event = 'lease.expired'`).Scan(&expired)
 	}))
 	require.Equal(t, 2, expired)
+}
+
+// The elected reaper exports the backlog gauges of queue_stats per queue; an instance that loses the election
+// exports none.
+func TestReaperExportsTheBacklog(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `SELECT stepready.create_task('{"name": "t", "steps": [{"name": "a", "handler": "h"},
+		{"name": "b", "handler": "h", "queue": "fast"}, {"name": "c", "handler": "h", "depends_on": ["a"]}]}')`)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	r := &readiness.Reaper{Pool: db.Pool, Interval: time.Hour, Logger: slog.New(slog.DiscardHandler), Metrics: metrics.New(reg)}
+	_, err = r.ReapOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1.0, testutil.ToFloat64(mustGauge(t, reg, "stepready_steps_ready", "default")))
+	require.Equal(t, 1.0, testutil.ToFloat64(mustGauge(t, reg, "stepready_steps_ready", "fast")))
+
+	// Another instance holds this round: this one is not elected and exports nothing.
+	holder, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	_, err = holder.Exec(ctx, `SELECT pg_try_advisory_xact_lock($1)`, readiness.ReaperLockKey)
+	require.NoError(t, err)
+	_, err = r.ReapOnce(ctx)
+	require.NoError(t, err)
+	n, err := testutil.GatherAndCount(reg, "stepready_steps_ready")
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// mustGauge returns the gauge name{queue=queue} of reg.
+func mustGauge(t *testing.T, reg *prometheus.Registry, name, queue string) prometheus.Collector {
+	t.Helper()
+	mfs, err := reg.Gather()
+	require.NoError(t, err)
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "queue" && l.GetValue() == queue {
+					g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "copy"})
+					g.Set(m.GetGauge().GetValue())
+					return g
+				}
+			}
+		}
+	}
+	t.Fatalf("no %s{queue=%q}", name, queue)
+	return nil
 }

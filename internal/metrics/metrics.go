@@ -10,18 +10,20 @@ import (
 
 // Metrics is the set of collectors one daemon exports.
 type Metrics struct {
-	claimed         prometheus.Counter
-	started         prometheus.Counter
-	completed       prometheus.Counter
-	failed          *prometheus.CounterVec
-	retries         prometheus.Counter
-	released        prometheus.Counter
-	reaped          prometheus.Counter
-	pruned          prometheus.Counter
-	claimLatency    prometheus.Histogram
-	readyToStart    prometheus.Histogram
-	attemptDuration prometheus.Histogram
-	inFlight        prometheus.Gauge
+	claimed   prometheus.Counter
+	started   prometheus.Counter
+	completed prometheus.Counter
+	failed    *prometheus.CounterVec
+	retries   prometheus.Counter
+	released  prometheus.Counter
+	reaped    prometheus.Counter
+	pruned    prometheus.Counter
+	// The backlog per queue (queue_stats), set by the elected instance only.
+	queueReady, queueInFlight, queueWaiting, queueDueSoon, queueLag *prometheus.GaugeVec
+	claimLatency                                                    prometheus.Histogram
+	readyToStart                                                    prometheus.Histogram
+	attemptDuration                                                 prometheus.Histogram
+	inFlight                                                        prometheus.Gauge
 }
 
 // New creates the collectors and registers them with reg (nil: not registered anywhere).
@@ -43,6 +45,16 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Steps whose lease expired and were handled by the reaper."}),
 		pruned: prometheus.NewCounter(prometheus.CounterOpts{Name: "stepready_pruned_tasks_total",
 			Help: "Finished tasks deleted by retention (prune_tasks), with their steps and events."}),
+		queueReady: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_steps_ready",
+			Help: "Steps ready to be claimed now, per queue (set by the elected instance)."}, []string{"queue"}),
+		queueInFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_steps_in_flight",
+			Help: "Steps enqueued or in progress, per queue (set by the elected instance)."}, []string{"queue"}),
+		queueWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_steps_waiting_for_retry",
+			Help: "Steps waiting out a retry backoff, per queue (set by the elected instance)."}, []string{"queue"}),
+		queueDueSoon: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_steps_due_within_minute",
+			Help: "Steps that become ready within a minute, per queue (set by the elected instance)."}, []string{"queue"}),
+		queueLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_oldest_ready_seconds",
+			Help: "How long the oldest ready step has waited to be claimed, per queue: the scheduling lag (set by the elected instance)."}, []string{"queue"}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_seconds",
 			Help: "Duration of one claim (and dispatch) round trip.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
 		readyToStart: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_to_start_seconds",
@@ -54,6 +66,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.claimed, m.started, m.completed, m.failed, m.retries, m.released, m.reaped, m.pruned,
+			m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag,
 			m.claimLatency, m.readyToStart, m.attemptDuration, m.inFlight)
 	}
 	return m
@@ -111,6 +124,29 @@ func (m *Metrics) Failed(class string, retry bool) {
 func (m *Metrics) Released() {
 	if m != nil {
 		m.released.Inc()
+	}
+}
+
+// QueueBacklog sets the backlog gauges of one queue; ResetQueueBacklog clears them all (an instance that is not
+// the elected one exports none, so that a sum over instances is the backlog).
+func (m *Metrics) QueueBacklog(queue string, ready, inFlight, waiting, dueSoon int64, lagSeconds float64) {
+	if m == nil {
+		return
+	}
+	m.queueReady.WithLabelValues(queue).Set(float64(ready))
+	m.queueInFlight.WithLabelValues(queue).Set(float64(inFlight))
+	m.queueWaiting.WithLabelValues(queue).Set(float64(waiting))
+	m.queueDueSoon.WithLabelValues(queue).Set(float64(dueSoon))
+	m.queueLag.WithLabelValues(queue).Set(lagSeconds)
+}
+
+// ResetQueueBacklog removes every queue's backlog gauges.
+func (m *Metrics) ResetQueueBacklog() {
+	if m == nil {
+		return
+	}
+	for _, g := range []*prometheus.GaugeVec{m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag} {
+		g.Reset()
 	}
 }
 

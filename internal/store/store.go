@@ -479,3 +479,29 @@ func CountPrunable(ctx context.Context, db DBTX, finishedBefore time.Time, statu
 	}
 	return n, nil
 }
+
+// QueueStat is one row of queue_stats: the backlog of one queue.
+type QueueStat struct {
+	Queue           string
+	Ready           int64
+	InFlight        int64
+	WaitingForRetry int64
+	DueWithinMinute int64
+	// OldestReadySeconds is how long the oldest ready step has waited to be claimed (0: none ready).
+	OldestReadySeconds float64
+}
+
+// QueueStats calls queue_stats: per queue, ready, in flight, waiting for retry, due within a minute and the
+// scheduling lag, read through the claim and lease indexes only.
+func QueueStats(ctx context.Context, db DBTX) ([]QueueStat, error) {
+	rows, err := db.Query(ctx, `SELECT queue, ready, in_flight, waiting_for_retry, due_within_minute,
+		COALESCE(oldest_ready_seconds, 0) FROM stepready.queue_stats()`)
+	if err != nil {
+		return nil, fmt.Errorf("store: queue stats: %w", err)
+	}
+	stats, err := pgx.CollectRows(rows, pgx.RowToStructByPos[QueueStat])
+	if err != nil {
+		return nil, fmt.Errorf("store: queue stats: %w", err)
+	}
+	return stats, nil
+}

@@ -22,6 +22,7 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('explain_task',               '{client,worker,operator,reader}'),
     ('validate_task_definition',   '{client,worker,operator,reader}'),
     ('schedule_idempotency_key',   '{client,worker,operator,reader}'),
+    ('queue_stats',                '{client,worker,operator,reader}'),
     -- Creating tasks: clients, and the daemon (schedules create tasks from templates).
     ('create_task',                '{client,worker}'),
     ('create_tasks',               '{client,worker}'),
