@@ -13,7 +13,7 @@ BIN := bin/scheduler
 # make migrate DATABASE_URL=postgres://user:password@localhost:5432/stepready
 DATABASE_URL ?=
 
-.PHONY: help build run test test-race lint verify bench bench-quick migrate db-reset
+.PHONY: help build run test test-race lint verify bench bench-quick migrate db-reset screenshots
 
 help: ## Show this list of targets
 	@echo "Usage: make TARGET"
@@ -52,3 +52,6 @@ migrate: build ## Migrate the database at DATABASE_URL to the newest schema (sch
 db-reset: build ## Migrate the database at DATABASE_URL down to nothing, then up again (all data is lost)
 	$(BIN) migrate down --database-url "$(DATABASE_URL)"
 	$(BIN) migrate up --database-url "$(DATABASE_URL)"
+
+screenshots: ## Take the console's screenshots (docs/img/console-*.png) with the browser tests (needs chromium)
+	STEPREADY_SCREENSHOTS=$(CURDIR)/docs/img go test -count=1 -run 'TestBrowser' ./console

@@ -15,6 +15,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/console"
 	"github.com/stepready/stepready/examples"
 	"github.com/stepready/stepready/internal/demo"
 	"github.com/stepready/stepready/internal/pgcluster"
@@ -32,6 +33,7 @@ type demoParams struct {
 	dataDir      string
 	examplesDir  string
 	exitWhenDone bool
+	uiAddr       string
 	daemon       daemonFlags
 }
 
@@ -75,6 +77,7 @@ func newDemoCommand(opts *globalOptions) *cobra.Command {
 	setDefaultText(fs, "examples", "the built-in examples/*.yaml")
 	fs.BoolVar(&p.exitWhenDone, "exit-when-done", false,
 		"exit after the summary instead of running until Ctrl-C")
+	fs.StringVar(&p.uiAddr, "ui-addr", console.DefaultAddr, "address of the web console (empty: none)")
 	// Direct dispatch: the demo is one process, and its own worker pool shows the policy's delays without
 	// River's fetch cycle in between.
 	p.daemon.register(fs, stepready.DispatchDirect)
@@ -151,6 +154,9 @@ func (o *globalOptions) runDemo(ctx context.Context, p *demoParams, logger *slog
 		labels = append(labels, task.Label()+" ("+t.File+")")
 	}
 	fmt.Fprintf(out, "tasks: %s\n\n", strings.Join(labels, ", "))
+	if stopUI := o.demoConsole(ctx, pool, p.uiAddr, logger); stopUI != nil {
+		defer stopUI()
+	}
 
 	client, err := startClient(ctx, pool, &p.daemon, false, logger, nil)
 	if err != nil {

@@ -207,7 +207,8 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 // when the command runs).
 var runFlags = []string{"allow-exec", "concurrency", "database-url", "dispatch", "lease", "metrics-addr",
 	"poll-interval", "poll-only", "prune-interval", "reap-interval", "retention-complete", "retention-failed",
-	"shutdown-grace", "worker-id", "http-deny-private", "http-allow-hosts", "max-output-bytes", "sql-database-url"}
+	"shutdown-grace", "worker-id", "http-deny-private", "http-allow-hosts", "max-output-bytes", "sql-database-url",
+	"ui-addr"}
 
 func TestRunHasExactlyTheDocumentedFlags(t *testing.T) {
 	t.Parallel()

@@ -25,6 +25,7 @@ import (
 type runParams struct {
 	databaseURL string
 	metricsAddr string
+	uiAddr      string
 	allowExec   bool
 	daemon      daemonFlags
 }
@@ -67,6 +68,7 @@ func newRunCommand(opts *globalOptions) *cobra.Command {
 	p.daemon.register(fs, stepready.DispatchRiver)
 	fs.StringVar(&p.metricsAddr, "metrics-addr", "",
 		"listen address (host:port) of the HTTP server with /metrics (Prometheus) and /healthz; empty: none")
+	fs.StringVar(&p.uiAddr, "ui-addr", "", "listen address (host:port) of the web console (read-only); empty: none")
 	fs.BoolVar(&p.allowExec, "allow-exec", false,
 		"enable the exec handler: steps may run programs on this host as this user")
 	return cmd
@@ -98,9 +100,18 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 		return err
 	}
 	defer pool.Close()
+	stopUI := func() error { return nil }
+	if p.uiAddr != "" {
+		var where string
+		if stopUI, where, err = serveConsole(ctx, pool, p.uiAddr, logger); err != nil {
+			return err
+		}
+		logger.Info("scheduler: console listening", slog.String("url", where))
+	}
 
 	client, err := startClient(ctx, pool, &p.daemon, p.allowExec, logger, registry)
 	if err != nil {
+		_ = stopUI()
 		return err
 	}
 	disarm := o.watchSignals()
@@ -111,6 +122,9 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 
 	<-ctx.Done()
 	health.setRunning(false)
+	if err := stopUI(); err != nil {
+		logger.Warn("scheduler: console stop", slog.Any("error", err))
+	}
 	// Stop is bounded by the shutdown grace, then by recording the released attempts: it must not be cut short
 	// by the context that just ended.
 	stopErr := client.Stop(context.WithoutCancel(ctx))

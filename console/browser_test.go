@@ -1,0 +1,163 @@
+package console
+
+// Tests in a real browser: chromedp drives Chromium (Debian's chromium package) against the console. Locally
+// they skip when no Chromium is installed; in CI (CI=true) they fail instead, so a broken install cannot pass
+// silently. STEPREADY_SCREENSHOTS=DIR (make screenshots) also writes the documentation's PNGs into DIR.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/chromedp/chromedp"
+	"github.com/stretchr/testify/require"
+)
+
+// chromiumPath finds the browser: $CHROMIUM, then the usual names on PATH.
+func chromiumPath() string {
+	if p := os.Getenv("CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// newBrowser starts a headless Chromium for t and returns a tab's context, ended with t.
+func newBrowser(t *testing.T) context.Context {
+	t.Helper()
+	path := chromiumPath()
+	if path == "" {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("browser tests: no Chromium found in CI (install the chromium package; .ci/run does)")
+		}
+		t.Skip("browser tests: no Chromium installed (apt-get install chromium)")
+	}
+	opts := []chromedp.ExecAllocatorOption{
+		chromedp.ExecPath(path),
+		chromedp.UserDataDir(t.TempDir()),
+		chromedp.Flag("headless", true),
+		chromedp.Flag("no-sandbox", true),
+		chromedp.Flag("disable-gpu", true),
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("no-first-run", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.WindowSize(1280, 900),
+	}
+	allocCtx, cancelAlloc := chromedp.NewExecAllocator(context.Background(), opts...)
+	tab, cancelTab := chromedp.NewContext(allocCtx)
+	// Start the browser now (with no deadline: it lives as long as this first call's context), so that a
+	// browser that cannot start fails here, clearly.
+	if err := chromedp.Do(tab); err != nil {
+		cancelTab()
+		cancelAlloc()
+		t.Fatalf("browser tests: Chromium %s does not start: %v", path, err)
+	}
+	ctx, cancelTimeout := context.WithTimeout(tab, 60*time.Second)
+	t.Cleanup(func() { cancelTimeout(); cancelTab(); cancelAlloc() })
+	return ctx
+}
+
+// screenshot writes a full-page PNG named name when STEPREADY_SCREENSHOTS names a directory.
+func screenshot(t *testing.T, ctx context.Context, name string) {
+	t.Helper()
+	dir := os.Getenv("STEPREADY_SCREENSHOTS")
+	if dir == "" {
+		return
+	}
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, name), png, 0o644))
+}
+
+// nodeStates reads the DAG's nodes as the browser shows them: step name → state text.
+func nodeStates(t *testing.T, ctx context.Context) map[string]string {
+	t.Helper()
+	states, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]string](`(() => {
+		const out = {};
+		for (const g of document.querySelectorAll("svg.dag g.node")) {
+			out[g.querySelector("text.name").textContent] = g.querySelector("text.meta").textContent.split(" · ")[0];
+		}
+		return out;
+	})()`))
+	require.NoError(t, err)
+	return states
+}
+
+func TestBrowserTaskPage(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	f := newFixture(t)
+	id := f.createTask(diamond)
+	f.complete(id, "extract")
+	f.start(id, "transform")
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/tasks/%d", f.srv.URL, id)),
+		chromedp.WaitVisible("svg.dag")))
+	require.Equal(t, map[string]string{"extract": "complete", "transform": "in_progress", "enrich": "pending",
+		"report": "pending"}, nodeStates(t, ctx))
+
+	// A step failing now turns red without a reload: the node's fill is the error colour of console.css.
+	f.fail(id, "enrich", "<b>not bold</b>")
+	f.exec(`UPDATE stepready.steps SET next_attempt_at = now() WHERE task_id = $1 AND name = 'enrich'`, id)
+	f.fail(id, "enrich", "<b>not bold</b>")
+	f.exec(`UPDATE stepready.steps SET next_attempt_at = now() WHERE task_id = $1 AND name = 'enrich'`, id)
+	changed := time.Now()
+	f.fail(id, "enrich", "<b>not bold</b>")
+	require.NoError(t, chromedp.Do(ctx, chromedp.WaitVisible(`svg.dag g.node[data-state="error"]`)))
+	fill, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`getComputedStyle(document.querySelector('svg.dag g.node[data-state="error"] rect')).fill`))
+	require.NoError(t, err)
+	t.Logf("the failed step turned red %s after its event", time.Since(changed).Round(time.Millisecond))
+	require.Equal(t, "rgb(246, 192, 192)", fill)
+	require.Equal(t, "error", nodeStates(t, ctx)["enrich"])
+
+	// The error's HTML is shown as text, not markup.
+	errText, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`document.querySelector('#steps tr[data-step="enrich"] td.error').textContent`))
+	require.NoError(t, err)
+	bolds, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#steps b").length`))
+	require.NoError(t, err)
+	require.Contains(t, errText, "<b>not bold</b>")
+	require.Zero(t, bolds)
+	screenshot(t, ctx, "console-task.png")
+}
+
+func TestBrowserEscapingAndPages(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	f := newFixture(t)
+	name := `<script>document.title="pwned"</script>`
+	f.createTask(fmt.Sprintf(`{"name": %q, "steps": [{"name": "a", "handler": "noop"}]}`, name))
+	for range 3 {
+		f.createTask(diamond)
+	}
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/"), chromedp.WaitVisible("#tasks")))
+	title, err := chromedp.Run(ctx, chromedp.Title())
+	require.NoError(t, err)
+	cell, err := chromedp.Run(ctx, chromedp.Evaluate[string](
+		`document.querySelector("#tasks tbody tr:last-child td:nth-child(2)").textContent`))
+	require.NoError(t, err)
+	require.Equal(t, "Tasks · stepready", title)
+	require.Equal(t, name, strings.TrimSpace(cell))
+	screenshot(t, ctx, "console-tasks.png")
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(f.srv.URL+"/policies"),
+		chromedp.WaitVisible("#policy-standard svg")))
+	marks, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#policy-standard circle").length`))
+	require.NoError(t, err)
+	require.Equal(t, 3, marks)
+	screenshot(t, ctx, "console-policies.png")
+}

@@ -1,0 +1,195 @@
+// Package console is stepready's web console (SPEC §16): server-rendered pages over the database for operators,
+// served by `scheduler ui`, `scheduler run --ui-addr` and `scheduler demo`.
+//
+// Every page is HTML rendered by html/template (so every task name, context, input, output and error message
+// is escaped) from the read model in queries.sql; the scheduling rules are never re-derived in Go (a step's
+// reason comes from stepready.explain_task, the backlog from stepready.queue_stats). Assets are embedded; the
+// pages read correctly with JavaScript off, and a small script swaps the task page's content when its task has
+// a new event (server-sent events on /events, fed by one poller per process, see live.go). The console is
+// read-only: it has no action.
+package console
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+//go:embed templates/*.html
+var templateFS embed.FS
+
+//go:embed static
+var staticFS embed.FS
+
+// DefaultAddr is the address `scheduler ui` listens on by default: loopback only.
+const DefaultAddr = "127.0.0.1:8080"
+
+// pageSize is the number of tasks (and events) per page.
+const pageSize = 50
+
+// estimateThreshold is the planner's task count above which the counts per status are planner estimates
+// (labelled as such) instead of exact counts: an exact count reads every task.
+const estimateThreshold = 100_000
+
+// csp forbids inline scripts and styles and every origin but the console's own.
+const csp = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; " +
+	"form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+
+// Options configure a console.
+type Options struct {
+	// Logger receives the console's errors (nil: slog.Default()).
+	Logger *slog.Logger
+
+	// PollInterval is how often the live poller looks for new step events (0: 300 ms).
+	PollInterval time.Duration
+}
+
+// Console is the console's HTTP handler. Close stops its live poller.
+type Console struct {
+	pool   *pgxpool.Pool
+	log    *slog.Logger
+	tmpl   map[string]*template.Template
+	mux    *http.ServeMux
+	live   *hub
+	ctx    context.Context // ended by Close
+	cancel context.CancelFunc
+}
+
+// New returns the console over pool. The live poller starts at once and runs until Close.
+func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
+	if pool == nil {
+		return nil, errors.New("console: nil pool")
+	}
+	c := &Console{pool: pool, log: opts.Logger, tmpl: map[string]*template.Template{}}
+	if c.log == nil {
+		c.log = slog.Default()
+	}
+	for _, page := range []string{"tasks", "task", "step", "templates", "policies", "table"} {
+		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html",
+			"templates/"+page+".html")
+		if err != nil {
+			return nil, fmt.Errorf("console: parse template %s: %w", page, err)
+		}
+		c.tmpl[page] = t
+	}
+	interval := opts.PollInterval
+	if interval <= 0 {
+		interval = 300 * time.Millisecond
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	c.ctx, c.cancel = ctx, cancel
+	c.live = newHub(pool, interval, c.log)
+	go c.live.run(ctx)
+
+	static, err := fs.Sub(staticFS, "static")
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("console: static assets: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
+	mux.HandleFunc("GET /healthz", c.healthz)
+	mux.HandleFunc("GET /{$}", c.tasksPage)
+	mux.HandleFunc("GET /tasks/{id}", c.taskPage)
+	mux.HandleFunc("GET /tasks/{id}/steps/{step}", c.stepPage)
+	mux.HandleFunc("GET /templates", c.templatesPage)
+	mux.HandleFunc("GET /policies", c.policiesPage)
+	mux.HandleFunc("GET /schedules", c.schedulesPage)
+	mux.HandleFunc("GET /flow", c.flowPage)
+	mux.HandleFunc("GET /events", c.events)
+	c.mux = mux
+	return c, nil
+}
+
+// Close stops the live poller and ends every open event stream.
+func (c *Console) Close() { c.cancel() }
+
+// ServeHTTP serves the console, with security headers on every response.
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", csp)
+	h.Set("X-Content-Type-Options", "nosniff")
+	h.Set("Referrer-Policy", "no-referrer")
+	h.Set("X-Frame-Options", "DENY")
+	c.mux.ServeHTTP(w, r)
+}
+
+func (c *Console) healthz(w http.ResponseWriter, r *http.Request) {
+	if err := c.pool.Ping(r.Context()); err != nil {
+		http.Error(w, "database unreachable", http.StatusServiceUnavailable)
+		return
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write([]byte("ok\n"))
+}
+
+// page is what every page's layout needs.
+type page struct {
+	Title  string
+	Nav    string
+	Queues []queueStat
+	Data   any
+}
+
+// queueStat is one row of stepready.queue_stats.
+type queueStat struct {
+	Queue             string
+	Ready             int64
+	InFlight          int64
+	WaitingForRetry   int64
+	DueWithinMinute   int64
+	OldestReadySecond *float64
+}
+
+// render writes page name with the header's backlog.
+func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title, nav string, data any) {
+	p := page{Title: title, Nav: nav, Data: data}
+	rows, err := c.pool.Query(r.Context(), q("queue_stats"), nil)
+	if err == nil {
+		p.Queues, err = pgx.CollectRows(rows, pgx.RowToStructByPos[queueStat])
+	}
+	if err != nil {
+		c.fail(w, "backlog", err)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	if err := c.tmpl[name].Execute(w, p); err != nil {
+		c.log.Error("console: render", "page", name, "err", err)
+	}
+}
+
+// fail answers 500 without the error's text (which may name internals) and logs it.
+func (c *Console) fail(w http.ResponseWriter, what string, err error) {
+	c.log.Error("console: query failed", "what", what, "err", err)
+	http.Error(w, "internal error reading "+what, http.StatusInternalServerError)
+}
+
+// int64Param parses an optional positive int64 query or path value; ok is false on a malformed one.
+func int64Param(s string) (v *int64, ok bool) {
+	if s == "" {
+		return nil, true
+	}
+	n, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || n <= 0 {
+		return nil, false
+	}
+	return &n, true
+}
+
+// optText is NULL for an empty string.
+func optText(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
+}
