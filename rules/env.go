@@ -78,6 +78,13 @@ func celEnv() (*cel.Env, error) {
 			cel.OptionalTypes(),
 			cel.ParserExpressionSizeLimit(MaxExpressionLength),
 		)
+		if envErr == nil {
+			// cel-go v0.33 fills its checker's symbol catalog lazily, the first time a check reports an
+			// undeclared reference, while checks of comprehensions on other goroutines read the same field
+			// unguarded (a data race the race detector reports in our parallel tests). Fill it here, once,
+			// before the environment is shared: an expression naming an undeclared variable does it.
+			_, _ = envVal.Compile("stepready_fill_the_catalog")
+		}
 	})
 	return envVal, envErr
 }
