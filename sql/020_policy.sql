@@ -284,6 +284,9 @@ BEGIN
         PERFORM stepready._definition_error(v_where, 'rules must be a JSON array');
     END IF;
 
+    -- Flow control (SPEC §14, sql/047_flow.sql): placeholders resolved once, here.
+    NEW := stepready._flow_materialize(NEW, v_task.context, v_where);
+
     -- Trigger-maintained columns start from known values whatever the INSERT said.
     NEW.pending_parents     := 0;
     NEW.task_held           := v_task.paused OR v_task.status NOT IN ('pending', 'in_progress');

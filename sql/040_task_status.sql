@@ -185,6 +185,19 @@ BEGIN
     IF v_notify IS NOT NULL THEN
         PERFORM stepready._notify_ready(v_notify);
     END IF;
+    -- A step leaving flight frees a slot of its concurrency key (SPEC §14): steps of that key waiting for it are
+    -- claimable again, though no row of theirs changed.
+    IF EXISTS (SELECT 1 FROM old_rows o WHERE o.concurrency_key IS NOT NULL AND o.state IN ('enqueued', 'in_progress'))
+    THEN
+        SELECT array_agg(DISTINCT n.task_id) INTO v_notify
+          FROM old_rows o
+          JOIN new_rows n ON n.id = o.id
+         WHERE o.concurrency_key IS NOT NULL AND o.state IN ('enqueued', 'in_progress')
+           AND n.state NOT IN ('enqueued', 'in_progress');
+        IF v_notify IS NOT NULL THEN
+            PERFORM stepready._notify_ready(v_notify);
+        END IF;
+    END IF;
     RETURN NULL;
 END;
 $$;

@@ -52,9 +52,15 @@ AS $$
                s.next_attempt_at,
                CASE WHEN t.status IN ('pending', 'in_progress') AND NOT t.paused AND t.run_at > p_as_of
                     THEN 'scheduled' -- SPEC §15: right after task_paused
-                    ELSE stepready._blocked_reason(t.status, t.paused, s.state, par.total = par.satisfied,
-                                                   s.attempts, s.max_attempts, s.retryable, s.next_attempt_at,
-                                                   p_as_of) END AS blocked_reason
+                    ELSE COALESCE(stepready._blocked_reason(t.status, t.paused, s.state,
+                                                            par.total = par.satisfied, s.attempts,
+                                                            s.max_attempts, s.retryable, s.next_attempt_at,
+                                                            p_as_of),
+                                  -- SPEC §14: after backoff, only for a step that could otherwise start.
+                                  CASE WHEN s.concurrency_key IS NOT NULL OR s.rate_key IS NOT NULL
+                                       THEN stepready._flow_blocked(s.concurrency_key, s.concurrency_limit,
+                                                                    s.rate_key, s.rate_limit, s.rate_period_ms,
+                                                                    p_as_of) END) END AS blocked_reason
           FROM stepready.steps s
           JOIN stepready.tasks t ON t.id = s.task_id
           -- Parents are read from the table, never from the (possibly filtered) result set.

@@ -1,20 +1,23 @@
 -- Claiming ready steps (SPEC §6). Safe across any number of concurrent claimers.
 
--- Picks and locks up to p_limit ready steps, in claim order: task priority desc, step priority desc, due time
--- (NULL first), id. Returns their ids in that order, and in p_states the states they had (the rows are locked, so
--- the claim reads no row twice).
+-- Picks and locks up to p_limit ready steps, in claim order: task priority desc, step priority desc, then within
+-- one (task priority, step priority) group round-robin across fairness keys (SPEC §14: steps without a key form
+-- one group), each key's steps by due time (NULL first) and id. Returns their ids in that order, and in p_states
+-- the states they had (the rows are locked, so the claim reads no row twice).
 --
 -- It reads steps_claim_order_idx, which holds only claimable rows (not in flight or terminal, every parent
--- satisfied, task runnable and unpaused) keyed by (task_priority, priority, due time, id). Within one
--- (task priority, step priority) group the due rows are one range of the index, read in order and only as far as
--- needed; the next group is found with one index probe. The cost is that of the rows taken (plus rows locked by
--- other claimers, skipped) and one probe per group visited, whatever the size of the table and however many
--- rows wait on a future backoff.
+-- satisfied, task runnable and unpaused) keyed by (task_priority, priority, flow_key, due time, id). Within one
+-- group and key the due rows are one range of the index, read in order and only as far as needed; the next
+-- group or key is found with one index probe. The cost is that of the rows taken (plus rows locked by other
+-- claimers, skipped), one probe per group visited and, where keys are present, one probe per key visited,
+-- whatever the size of the table and however many rows wait on a future backoff. A group without keyed rows
+-- costs one probe more than before flow control.
 --
 -- FOR UPDATE SKIP LOCKED locks the real rows as the LIMIT takes them: a row locked by another claimer is skipped,
 -- and a row another claimer already moved on fails the re-checked WHERE clause, so concurrent claimers get
 -- disjoint sets. The whole readiness rule is checked on the locked row: task_held stands for the task's status and
 -- pause (kept in step with the task in the same transaction by triggers), and retry eligibility is tested here.
+-- Flow limits are checked by _claim_flow_group under the lock of each key's flow_state row.
 DROP FUNCTION IF EXISTS stepready._claim_pick(int, timestamptz); -- before it returned the ids only
 CREATE OR REPLACE FUNCTION stepready._claim_pick_rows(p_limit int, p_as_of timestamptz,
                                                       OUT p_ids bigint[], OUT p_states text[])
@@ -24,8 +27,12 @@ LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_tp   int;
-    v_p    int;
+    v_tp      int;
+    v_p       int;
+    v_cursor  text;
+    v_start   text;
+    v_keyed   bool := false;
+    v_locked  bool := false;
 BEGIN
     p_ids := '{}';
     p_states := '{}';
@@ -42,21 +49,37 @@ BEGIN
          ORDER BY s.priority DESC
          LIMIT 1;
         WHILE v_p IS NOT NULL LOOP
-            SELECT p_ids || array_agg(k.id ORDER BY k.due, k.id), p_states || array_agg(k.state ORDER BY k.due, k.id)
-              INTO p_ids, p_states
-              FROM (SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due
-                  FROM stepready.steps s
-                 WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
-                   AND s.task_priority = v_tp AND s.priority = v_p
-                   AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
-                   AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
-                 ORDER BY COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
-                 LIMIT p_limit - cardinality(p_ids)
-                   FOR UPDATE SKIP LOCKED) AS k;
-            p_ids := COALESCE(p_ids, '{}');
-            p_states := COALESCE(p_states, '{}');
+            IF NOT EXISTS (SELECT 1 FROM stepready.steps s
+                            WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                              AND NOT s.task_held AND s.task_priority = v_tp AND s.priority = v_p
+                              AND s.flow_key > '') THEN
+                -- No keyed row in this group: its steps in due order.
+                SELECT p_ids || array_agg(k.id ORDER BY k.due, k.id), p_states || array_agg(k.state ORDER BY k.due, k.id)
+                  INTO p_ids, p_states
+                  FROM (SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due
+                          FROM stepready.steps s
+                         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                           AND NOT s.task_held
+                           AND s.task_priority = v_tp AND s.priority = v_p AND s.flow_key = ''
+                           AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                           AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
+                         ORDER BY COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                         LIMIT p_limit - cardinality(p_ids)
+                           FOR UPDATE SKIP LOCKED) AS k;
+                p_ids := COALESCE(p_ids, '{}');
+                p_states := COALESCE(p_states, '{}');
+            ELSE
+                IF NOT v_keyed THEN
+                    SELECT c.last_key INTO v_cursor FROM stepready.flow_cursor c WHERE c.id = 1;
+                    v_start := v_cursor;
+                    v_keyed := true;
+                END IF;
+                SELECT g.p_ids, g.p_states, g.p_cursor, g.p_locked INTO p_ids, p_states, v_cursor, v_locked
+                  FROM stepready._claim_flow_group(v_tp, v_p, p_limit, p_as_of, p_ids, p_states, v_cursor,
+                                                   v_locked) g;
+            END IF;
             IF cardinality(p_ids) >= p_limit THEN
-                RETURN;
+                EXIT;
             END IF;
             SELECT s.priority INTO v_p
               FROM stepready.steps s
@@ -65,6 +88,7 @@ BEGIN
              ORDER BY s.priority DESC
              LIMIT 1;
         END LOOP;
+        EXIT WHEN cardinality(p_ids) >= p_limit;
         SELECT s.task_priority INTO v_tp
           FROM stepready.steps s
          WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
@@ -72,6 +96,286 @@ BEGIN
          ORDER BY s.task_priority DESC
          LIMIT 1;
     END LOOP;
+    -- The round-robin position moves on for the next claim. A claim that finds the row locked leaves it to the
+    -- claim holding it (both started from the same position; one of them moves it).
+    IF v_keyed AND v_cursor IS DISTINCT FROM v_start THEN
+        PERFORM 1 FROM stepready.flow_cursor c WHERE c.id = 1 FOR UPDATE SKIP LOCKED;
+        IF FOUND THEN
+            UPDATE stepready.flow_cursor SET last_key = v_cursor WHERE id = 1;
+        END IF;
+    END IF;
+END;
+$$;
+
+-- One (task priority, step priority) group with keyed rows (SPEC §14). Adds up to p_limit - cardinality(p_ids)
+-- rows to p_ids/p_states, round-robin across the group's fairness keys ('' standing for the steps without a
+-- key, which has no limit): the first round takes one step per key in ring order, starting after p_cursor (the
+-- key the previous claim served last) and wrapping around; later rounds share what is left evenly among the
+-- keys that still gave. p_cursor comes back as the last key served in the first round.
+--
+-- Limits: each key's flow_state row is locked before its limits are read; the first keys of a claim wait for
+-- their locks (taken in key order, so claims never deadlock with each other), keys found later are skipped when
+-- another claim holds them (the claim then notifies, so the skipped steps are claimed right after). With the lock
+-- held, steps in flight are counted from steps_in_flight_key_idx in a statement of their own, which sees every
+-- claim committed before ours: a key never has more than its limit in flight, not even for an instant. Rate
+-- limits take one token per step (_flow_tokens); a key left with claimable steps and no token records when the
+-- next token arrives (wake_at, read by next_flow_at).
+CREATE OR REPLACE FUNCTION stepready._claim_flow_group(
+    p_tp int, p_p int, p_limit int, p_as_of timestamptz,
+    INOUT p_ids bigint[], INOUT p_states text[], INOUT p_cursor text, INOUT p_locked bool)
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    v_want     int := p_limit - cardinality(p_ids);
+    v_round1   bool := true;
+    v_after    text := p_cursor;   -- round 1: keys after this one...
+    v_upto     text;               -- ...and up to this one (after wrapping around)
+    v_wrapped  bool := p_cursor IS NULL;
+    v_visit    text[];
+    v_got      text[];
+    v_key      text;
+    v_i        int;
+    v_n        int;
+    v_q        int;
+    v_skipped  bool := false;
+    v_last     text;
+    v_prod     text[] := '{}';
+    -- Per key met in this group, parallel arrays indexed by the key's position in k_key.
+    k_key      text[] := '{}';
+    k_flight   int[] := '{}';          -- in flight when the key was locked
+    k_taken    int[] := '{}';          -- taken by this claim
+    k_c_ovr    int[] := '{}';          -- flow_limits overrides
+    k_r_ovr    int[] := '{}';
+    k_p_ovr    bigint[] := '{}';
+    k_tat      timestamptz[] := '{}';  -- rate_tat
+    k_wake     timestamptz[] := '{}';
+    k_c_own    int[] := '{}';          -- the steps' own limits, as applied
+    k_r_own    int[] := '{}';
+    k_p_own    bigint[] := '{}';
+    k_pos_due  timestamptz[] := '{}';  -- where the key's range was left
+    k_pos_id   bigint[] := '{}';
+    k_open     bool[] := '{}';         -- may give more
+    r          record;
+    v_allowed  int;
+    v_tat      timestamptz;
+    v_lim      int;
+    v_per      bigint;
+BEGIN
+    IF v_wrapped THEN
+        v_after := NULL;
+    END IF;
+    LOOP
+        EXIT WHEN v_want <= 0;
+        IF v_round1 THEN
+            -- Round 1: the next keys in ring order, one step each.
+            v_visit := stepready._flow_next_keys(p_tp, p_p, v_after, v_upto, GREATEST(v_want, 16));
+            IF cardinality(v_visit) = 0 THEN
+                IF v_wrapped THEN
+                    v_round1 := false;
+                ELSE
+                    v_wrapped := true;
+                    v_after := NULL;
+                    v_upto := p_cursor;
+                END IF;
+                CONTINUE;
+            END IF;
+            v_after := v_visit[cardinality(v_visit)];
+            IF v_wrapped AND v_after >= p_cursor THEN
+                v_round1 := false; -- the ring is done after this batch
+            END IF;
+            v_q := 1;
+            -- Lock the keys' flow_state rows, then read their state: the in-flight counts, read after the
+            -- locks, see every claim committed before ours.
+            v_got := stepready._claim_flow_lock(v_visit, p_locked);
+            p_locked := p_locked OR cardinality(v_got) > 0;
+            v_skipped := v_skipped OR cardinality(v_got) < cardinality(array_remove(v_visit, ''));
+            FOR r IN SELECT f.key, f.rate_tat, f.concurrency_limit AS c_own, f.rate_limit AS r_own,
+                            f.rate_period_ms AS p_own, l.concurrency_limit AS c_ovr, l.rate_limit AS r_ovr,
+                            l.rate_period_ms AS p_ovr, stepready._flow_in_flight(f.key) AS flight
+                       FROM stepready.flow_state f
+                       LEFT JOIN stepready.flow_limits l ON l.key = f.key
+                      WHERE f.key = ANY (v_got)
+                     UNION ALL
+                     SELECT '', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0
+                      WHERE '' = ANY (v_visit)
+            LOOP
+                k_key := k_key || r.key;
+                k_flight := k_flight || r.flight;
+                k_taken := k_taken || 0;
+                k_c_ovr := k_c_ovr || r.c_ovr;
+                k_r_ovr := k_r_ovr || r.r_ovr;
+                k_p_ovr := k_p_ovr || r.p_ovr;
+                k_tat := k_tat || r.rate_tat;
+                k_wake := k_wake || NULL::timestamptz;
+                k_c_own := k_c_own || r.c_own;
+                k_r_own := k_r_own || r.r_own;
+                k_p_own := k_p_own || r.p_own;
+                k_pos_due := k_pos_due || '-infinity'::timestamptz;
+                k_pos_id := k_pos_id || 0::bigint;
+                k_open := k_open || true;
+            END LOOP;
+        ELSE
+            -- Later rounds: what is left, shared among the keys that gave and may give more.
+            EXIT WHEN cardinality(v_prod) = 0;
+            v_q := ceil(v_want::numeric / cardinality(v_prod))::int;
+            v_visit := v_prod;
+            v_prod := '{}';
+        END IF;
+
+        FOREACH v_key IN ARRAY v_visit LOOP
+            v_i := array_position(k_key, v_key);
+            CONTINUE WHEN v_i IS NULL; -- held by another claim
+            v_n := 0;
+            <<take>>
+            FOR r IN SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due,
+                            s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms
+                       FROM stepready.steps s
+                      WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                        AND NOT s.task_held
+                        AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = v_key
+                        AND (COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id)
+                            > (k_pos_due[v_i], k_pos_id[v_i])
+                        AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                        AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
+                      ORDER BY COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                      LIMIT LEAST(v_q, v_want)
+                        FOR UPDATE SKIP LOCKED
+            LOOP
+                IF r.concurrency_key IS NOT NULL THEN
+                    k_c_own[v_i] := r.concurrency_limit;
+                    IF k_flight[v_i] + k_taken[v_i] >= COALESCE(k_c_ovr[v_i], r.concurrency_limit) THEN
+                        k_open[v_i] := false;
+                        EXIT take;
+                    END IF;
+                END IF;
+                IF r.rate_key = v_key THEN
+                    k_r_own[v_i] := r.rate_limit;
+                    k_p_own[v_i] := r.rate_period_ms;
+                    v_lim := COALESCE(k_r_ovr[v_i], r.rate_limit);
+                    v_per := COALESCE(k_p_ovr[v_i], r.rate_period_ms);
+                    SELECT t.p_allowed, t.p_new_tat INTO v_allowed, v_tat
+                      FROM stepready._flow_tokens(k_tat[v_i], v_lim, v_per, p_as_of, 1) t;
+                    IF v_allowed = 0 THEN
+                        k_wake[v_i] := stepready._flow_next_token(k_tat[v_i], v_lim, v_per, p_as_of);
+                        k_open[v_i] := false;
+                        EXIT take;
+                    END IF;
+                    k_tat[v_i] := v_tat;
+                ELSIF r.rate_key IS NOT NULL THEN
+                    -- A rate key other than the step's concurrency key: a token from its own row, if free.
+                    IF NOT stepready._claim_flow_other_token(r.rate_key, r.rate_limit, r.rate_period_ms, p_as_of) THEN
+                        k_open[v_i] := false;
+                        v_skipped := true;
+                        EXIT take;
+                    END IF;
+                END IF;
+                k_taken[v_i] := k_taken[v_i] + 1;
+                k_pos_due[v_i] := r.due;
+                k_pos_id[v_i] := r.id;
+                p_ids := p_ids || r.id;
+                p_states := p_states || r.state;
+                v_n := v_n + 1;
+            END LOOP;
+            IF v_n < LEAST(v_q, v_want) THEN
+                k_open[v_i] := false; -- no more due rows, or limited
+            END IF;
+            IF v_n > 0 THEN
+                IF v_round1 OR v_q = 1 THEN
+                    v_last := v_key;
+                END IF;
+                v_want := v_want - v_n;
+                IF k_open[v_i] THEN
+                    v_prod := v_prod || v_key;
+                END IF;
+            END IF;
+            EXIT WHEN v_want <= 0;
+        END LOOP;
+    END LOOP;
+
+    -- What changed in the keys' state (tokens, wake-up time, the limits applied), written once per key; the
+    -- rows are locked by this claim, so they still hold what was read.
+    UPDATE stepready.flow_state f
+       SET rate_tat = u.tat, wake_at = u.wake, concurrency_limit = u.c_own, rate_limit = u.r_own,
+           rate_period_ms = u.p_own
+      FROM unnest(k_key, k_tat, k_wake, k_c_own, k_r_own, k_p_own) AS u(key, tat, wake, c_own, r_own, p_own)
+     WHERE f.key = u.key AND u.key <> ''
+       AND (f.rate_tat IS DISTINCT FROM u.tat OR f.wake_at IS DISTINCT FROM u.wake
+            OR f.concurrency_limit IS DISTINCT FROM u.c_own OR f.rate_limit IS DISTINCT FROM u.r_own
+            OR f.rate_period_ms IS DISTINCT FROM u.p_own);
+
+    IF v_skipped AND v_want > 0 THEN
+        -- Steps of keys held by another claim were passed over: wake the daemons once this claim commits.
+        PERFORM pg_notify('stepready_ready', '0');
+    END IF;
+    p_cursor := COALESCE(v_last, p_cursor);
+END;
+$$;
+
+-- Locks the flow_state rows of p_keys ('' excluded), creating those never claimed before, and returns the keys
+-- locked. The first keys of a claim (p_have_locks false) wait for their locks, taken in key order so that claims
+-- never deadlock with each other; a claim that already holds keys never waits again: a key held by another
+-- claim, or not created yet, is left out.
+CREATE OR REPLACE FUNCTION stepready._claim_flow_lock(p_keys text[], p_have_locks bool)
+RETURNS text[]
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_keys text[];
+    v_got  text[];
+BEGIN
+    SELECT array_agg(k ORDER BY k) INTO v_keys FROM unnest(p_keys) k WHERE k <> '';
+    IF v_keys IS NULL THEN
+        RETURN '{}';
+    END IF;
+    IF NOT p_have_locks THEN
+        INSERT INTO stepready.flow_state (key)
+        SELECT k FROM unnest(v_keys) k ORDER BY k
+        ON CONFLICT (key) DO NOTHING;
+        SELECT array_agg(f.key) INTO v_got
+          FROM (SELECT f.key FROM stepready.flow_state f WHERE f.key = ANY (v_keys) ORDER BY f.key FOR UPDATE) f;
+    ELSE
+        SELECT array_agg(f.key) INTO v_got
+          FROM (SELECT f.key FROM stepready.flow_state f WHERE f.key = ANY (v_keys) ORDER BY f.key
+                   FOR UPDATE SKIP LOCKED) f;
+    END IF;
+    RETURN COALESCE(v_got, '{}');
+END;
+$$;
+
+-- Takes one token of a rate key that is not the fairness key of the step claiming it (a step with both a
+-- concurrency key and a different rate key). Never waits: false when another claim holds the key or it has no
+-- token now (then its wake-up time is recorded).
+CREATE OR REPLACE FUNCTION stepready._claim_flow_other_token(p_key text, p_limit int, p_period_ms bigint,
+                                                             p_as_of timestamptz)
+RETURNS bool
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    f         stepready.flow_state;
+    v_lim     int;
+    v_per     bigint;
+    v_allowed int;
+    v_tat     timestamptz;
+BEGIN
+    SELECT * INTO f FROM stepready.flow_state WHERE key = p_key FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        INSERT INTO stepready.flow_state (key) VALUES (p_key) ON CONFLICT (key) DO NOTHING RETURNING * INTO f;
+        IF NOT FOUND THEN
+            RETURN false;
+        END IF;
+    END IF;
+    SELECT COALESCE(l.rate_limit, p_limit), COALESCE(l.rate_period_ms, p_period_ms) INTO v_lim, v_per
+      FROM (SELECT 1) one LEFT JOIN stepready.flow_limits l ON l.key = p_key;
+    SELECT t.p_allowed, t.p_new_tat INTO v_allowed, v_tat FROM stepready._flow_tokens(f.rate_tat, v_lim, v_per, p_as_of, 1) t;
+    IF v_allowed = 0 THEN
+        UPDATE stepready.flow_state SET wake_at = stepready._flow_next_token(f.rate_tat, v_lim, v_per, p_as_of)
+         WHERE key = p_key;
+        RETURN false;
+    END IF;
+    UPDATE stepready.flow_state SET rate_tat = v_tat, wake_at = NULL, rate_limit = p_limit, rate_period_ms = p_period_ms
+     WHERE key = p_key;
+    RETURN true;
 END;
 $$;
 
@@ -222,7 +526,8 @@ BEGIN
 END;
 $$;
 
--- When the next claimable step becomes due after p_as_of (NULL: none is waiting on a backoff). Daemons set their
+-- When the next claimable step becomes due after p_as_of, or a rate-limited key gets its next token (NULL: none
+-- is waiting on a backoff or a token). Daemons set their
 -- wake-up timer from it. Reads the claim index only; parents, pause and task status are already folded into it.
 -- PL/pgSQL, not SQL: a SQL function whose body has a FROM clause is not inlined, and PostgreSQL 15 plans it
 -- again on every call (0.3 to 0.8 ms, measured); the daemon calls it before every claim.
@@ -231,9 +536,10 @@ RETURNS timestamptz
 LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
-    RETURN (SELECT min(COALESCE(s.next_attempt_at, '-infinity'::timestamptz))
-              FROM stepready.steps s
-             WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
-               AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) > p_as_of);
+    RETURN LEAST((SELECT min(COALESCE(s.next_attempt_at, '-infinity'::timestamptz))
+                    FROM stepready.steps s
+                   WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+                     AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) > p_as_of),
+                 stepready.next_flow_at(p_as_of)); -- a rate key's next token (SPEC §14)
 END;
 $$;

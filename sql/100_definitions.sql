@@ -84,7 +84,8 @@ BEGIN
         PERFORM stepready._definition_error('definition', 'must be a JSON object');
     END IF;
     PERFORM stepready._reject_unknown_keys(d,
-        ARRAY['name', 'namespace', 'context', 'priority', 'idempotency_key', 'retry', 'steps', 'run_at'], 'definition');
+        ARRAY['name', 'namespace', 'context', 'priority', 'idempotency_key', 'retry', 'steps', 'run_at',
+              'concurrency', 'rate_limit'], 'definition');
     IF stepready._json_text(d -> 'name', 'name') IS NULL THEN
         PERFORM stepready._definition_error('name', 'is required');
     END IF;
@@ -96,6 +97,9 @@ BEGIN
     PERFORM stepready._json_text(d -> 'idempotency_key', 'idempotency_key');
     PERFORM stepready._json_run_at(d -> 'run_at', 'run_at'); -- SPEC §15, sql/120_run_at.sql
     PERFORM stepready._validate_retry(d -> 'retry', 'retry');
+    -- SPEC §14: the task's flow control is the default of its steps; placeholders are checked per step.
+    PERFORM stepready._flow_validate(d -> 'concurrency', 'concurrency', 'concurrency', NULL, NULL);
+    PERFORM stepready._flow_validate(d -> 'rate_limit', 'rate_limit', 'rate_limit', NULL, NULL);
     IF jsonb_typeof(d -> 'steps') IS DISTINCT FROM 'array' OR jsonb_array_length(d -> 'steps') = 0 THEN
         PERFORM stepready._definition_error('steps', 'must be a non-empty array of steps');
     END IF;
@@ -116,7 +120,8 @@ BEGIN
         v_names := v_names || v_name;
         PERFORM stepready._reject_unknown_keys(v_st,
             ARRAY['name', 'handler', 'input', 'depends_on', 'retry', 'timeout_ms', 'on_exhausted', 'rules',
-                  'max_iterations', 'collect', 'queue', 'priority', 'breaker_limit'], v_w);
+                  'max_iterations', 'collect', 'queue', 'priority', 'breaker_limit', 'concurrency', 'rate_limit'],
+            v_w);
         IF stepready._json_text(v_st -> 'handler', v_w || ': handler') IS NULL THEN
             PERFORM stepready._definition_error(v_w || ': handler', 'is required');
         END IF;
@@ -137,6 +142,18 @@ BEGIN
         PERFORM stepready._json_text(v_st -> 'queue', v_w || ': queue');
         PERFORM stepready._json_integer(v_st -> 'priority', v_w || ': priority', -2147483648, 2147483647);
         PERFORM stepready._json_integer(v_st -> 'breaker_limit', v_w || ': breaker_limit', 0, 2147483647);
+        PERFORM stepready._flow_validate(COALESCE(NULLIF(v_st -> 'concurrency', 'null'), d -> 'concurrency'),
+                                         'concurrency',
+                                         v_w || ': concurrency' || CASE WHEN NULLIF(v_st -> 'concurrency', 'null') IS NULL
+                                                                        THEN ' (the task''s)' ELSE '' END,
+                                         COALESCE(NULLIF(d -> 'context', 'null'), '{}'),
+                                         COALESCE(NULLIF(v_st -> 'input', 'null'), '{}'));
+        PERFORM stepready._flow_validate(COALESCE(NULLIF(v_st -> 'rate_limit', 'null'), d -> 'rate_limit'),
+                                         'rate_limit',
+                                         v_w || ': rate_limit' || CASE WHEN NULLIF(v_st -> 'rate_limit', 'null') IS NULL
+                                                                       THEN ' (the task''s)' ELSE '' END,
+                                         COALESCE(NULLIF(d -> 'context', 'null'), '{}'),
+                                         COALESCE(NULLIF(v_st -> 'input', 'null'), '{}'));
         IF jsonb_typeof(v_st -> 'depends_on') NOT IN ('array', 'null') THEN
             PERFORM stepready._definition_error(v_w || ': depends_on', 'must be an array of step names');
         END IF;
@@ -375,7 +392,8 @@ BEGIN
                 INSERT INTO stepready.steps (task_id, name, handler, input, max_attempts, retryable, backoff,
                                              base_delay_ms, multiplier, max_delay_ms, jitter, retry_policy,
                                              timeout_ms, on_exhausted, rules, max_iterations, collect, queue,
-                                             priority, breaker_limit)
+                                             priority, breaker_limit, concurrency_key, concurrency_limit,
+                                             rate_key, rate_limit, rate_period_ms)
                 SELECT n.id, st ->> 'name', st ->> 'handler', COALESCE(NULLIF(st -> 'input', 'null'), '{}'),
                        (st -> 'retry' ->> 'max_attempts')::numeric::int, (st -> 'retry' ->> 'retryable')::bool,
                        st -> 'retry' ->> 'backoff', (st -> 'retry' ->> 'base_delay_ms')::numeric::bigint,
@@ -383,10 +401,18 @@ BEGIN
                        (st -> 'retry' ->> 'jitter')::float8, st -> 'retry' ->> 'policy',
                        (st ->> 'timeout_ms')::numeric::bigint, st ->> 'on_exhausted', NULLIF(st -> 'rules', 'null'),
                        (st ->> 'max_iterations')::numeric::int, st ->> 'collect', st ->> 'queue',
-                       (st ->> 'priority')::numeric::int, (st ->> 'breaker_limit')::numeric::int
+                       (st ->> 'priority')::numeric::int, (st ->> 'breaker_limit')::numeric::int,
+                       fc.c ->> 'key', (fc.c ->> 'limit')::numeric::int,
+                       fc.r ->> 'key', (fc.r ->> 'limit')::numeric::int, (fc.r ->> 'period_ms')::numeric::bigint
                   FROM unnest(v_new_ords, v_new_ids) AS n(ord, id)
                  CROSS JOIN LATERAL jsonb_array_elements(p_definitions -> (n.ord - 1) -> 'steps')
                        WITH ORDINALITY AS e(st, sord)
+                 -- SPEC §14: a step's own flow control, else its task's (placeholders resolved by the trigger).
+                 CROSS JOIN LATERAL (
+                    SELECT COALESCE(NULLIF(st -> 'concurrency', 'null'),
+                                    NULLIF(p_definitions -> (n.ord - 1) -> 'concurrency', 'null')) AS c,
+                           COALESCE(NULLIF(st -> 'rate_limit', 'null'),
+                                    NULLIF(p_definitions -> (n.ord - 1) -> 'rate_limit', 'null')) AS r) fc
                  WHERE n.id = ANY (v_ins_ids)
                  ORDER BY n.ord, e.sord
                 RETURNING id, task_id, name

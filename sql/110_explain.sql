@@ -15,7 +15,9 @@
 --   8 retries_exhausted         attempts >= max_attempts (and the step is retryable)
 --   9 backoff                   next_attempt_at > p_as_of (not reported when it is the task's run_at, already
 --                               reported as scheduled)
--- Ranks 1-5 are reported for every step. Ranks 6-9 only for a step waiting to start (pending or
+--  10 concurrency_limited       the step's concurrency key has its limit of steps in flight (SPEC §14)
+--  11 rate_limited              the step's rate key has no token before the next one arrives (SPEC §14)
+-- Ranks 1-5 are reported for every step. Ranks 6-11 only for a step waiting to start (pending or
 -- waiting_for_retry): for a terminal or in-flight step they decide nothing (a complete step with attempts =
 -- max_attempts is not "exhausted"), and reporting them would only mislead.
 
@@ -57,6 +59,7 @@ AS $$
     WITH s AS (
         SELECT s.id, s.task_id, s.name, s.state, s.attempts, s.max_attempts, s.retryable, s.next_attempt_at,
                t.status AS task_status, t.paused AS task_paused, t.run_at AS task_run_at,
+               s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms,
                s.state IN ('pending', 'waiting_for_retry') AS waiting,
                stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable) AS eligible
           FROM stepready.steps s
@@ -119,6 +122,29 @@ AS $$
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND s.next_attempt_at > p_as_of
                    AND s.next_attempt_at IS DISTINCT FROM s.task_run_at
+        UNION ALL
+        SELECT s.*, 10, 'concurrency_limited',
+               format('concurrency limited by %s: %s of %s in flight', s.concurrency_key, c.in_flight, c.lim),
+               NULL, NULL, NULL, NULL, NULL
+          FROM s
+         CROSS JOIN LATERAL (
+            SELECT stepready._flow_in_flight(s.concurrency_key) AS in_flight,
+                   COALESCE((SELECT l.concurrency_limit FROM stepready.flow_limits l WHERE l.key = s.concurrency_key),
+                            s.concurrency_limit) AS lim) c
+         WHERE s.waiting AND s.concurrency_key IS NOT NULL AND c.in_flight >= c.lim
+        UNION ALL
+        SELECT s.*, 11, 'rate_limited',
+               format('rate limited by %s: next slot in %s', s.rate_key,
+                      stepready._explain_duration(ceil(extract(epoch FROM n.at - p_as_of) * 1000)::bigint)),
+               NULL, NULL, NULL, NULL, NULL
+          FROM s
+         CROSS JOIN LATERAL (
+            SELECT stepready._flow_next_token(f.rate_tat, COALESCE(l.rate_limit, s.rate_limit),
+                                              COALESCE(l.rate_period_ms, s.rate_period_ms), p_as_of) AS at
+              FROM (SELECT 1) one
+              LEFT JOIN stepready.flow_state f ON f.key = s.rate_key
+              LEFT JOIN stepready.flow_limits l ON l.key = s.rate_key) n
+         WHERE s.waiting AND s.rate_key IS NOT NULL AND n.at IS NOT NULL
     )
     SELECT r.task_id, r.id, r.name, r.state, r.rank, r.reason, r.message, r.p_id, r.p_name, r.p_state,
            r.p_attempts, r.p_max, r.attempts, r.max_attempts, r.retryable, r.next_attempt_at,

@@ -23,6 +23,7 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('validate_task_definition',   '{client,worker,operator,reader}'),
     ('schedule_idempotency_key',   '{client,worker,operator,reader}'),
     ('queue_stats',                '{client,worker,operator,reader}'),
+    ('flow_status',                '{client,worker,operator,reader}'),
     -- Creating tasks: clients, and the daemon (schedules create tasks from templates).
     ('create_task',                '{client,worker}'),
     ('create_tasks',               '{client,worker}'),
@@ -43,6 +44,7 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('reap_expired_leases',        '{worker}'),
     ('record_policy_evaluation',   '{worker}'),
     ('next_claim_at',              '{worker}'),
+    ('next_flow_at',               '{worker}'),
     ('due_schedules',              '{worker}'),
     ('next_schedule_wake',         '{worker}'),
     ('fire_schedule',              '{worker}'),
@@ -59,7 +61,10 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('put_schedule',               '{operator}'),
     ('pause_schedule',             '{operator}'),
     ('resume_schedule',            '{operator}'),
-    ('delete_schedule',            '{operator}');
+    ('delete_schedule',            '{operator}'),
+    -- Flow control overrides (SPEC §14).
+    ('set_flow_limit',             '{operator}'),
+    ('clear_flow_limit',           '{operator}');
 
 -- Functions that run with their owner's rights (SECURITY DEFINER, search_path pinned to pg_catalog so that no
 -- object of the caller's can stand in for a built-in): the operator functions, so that an operator needs no
@@ -128,6 +133,8 @@ BEGIN
         GRANT INSERT, UPDATE, DELETE ON stepready.tasks, stepready.steps, stepready.step_edges,
               stepready.step_events TO stepready_worker;
         GRANT UPDATE ON stepready.schedules TO stepready_worker;
+        -- Claims keep the per-key flow control state and the round-robin position (SPEC §14).
+        GRANT INSERT, UPDATE ON stepready.flow_state, stepready.flow_cursor TO stepready_worker;
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA stepready TO stepready_worker;
         -- River's tables, wherever River was migrated (the schema of river_job).
         SELECT c.relnamespace::regnamespace::name INTO v_river FROM pg_catalog.pg_class c
@@ -151,6 +158,8 @@ BEGIN
         -- operator functions (definers).
         GRANT INSERT, UPDATE, DELETE ON stepready.task_templates, stepready.schedules TO stepready_operator;
         GRANT INSERT, UPDATE, DELETE ON stepready.retry_policies, stepready.failure_classes TO stepready_operator;
+        -- Flow control overrides (`scheduler flow set`).
+        GRANT INSERT, UPDATE, DELETE ON stepready.flow_limits TO stepready_operator;
     END IF;
 END;
 $roles$;

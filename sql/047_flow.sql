@@ -1,0 +1,370 @@
+-- Flow control (SPEC §14): concurrency and rate limits per key, and fairness between keys. The claim functions
+-- (060_claim.sql) enforce it through _claim_flow_group; this file holds the pieces they and the readiness,
+-- explain and operator functions share. docs/design-core.md explains the design and its costs.
+--
+-- A step names at most one concurrency key and one rate key (materialized columns, placeholders resolved when
+-- the step is inserted). Its fairness key, flow_key, is its concurrency key, else its rate key, else '' (the one
+-- group of steps without a key).
+
+-- Substitutes the ${context.PATH} and ${input.PATH} placeholders of a key (PATH: dot-separated, each part a JSON
+-- object field or array index). A missing path, a non-scalar value or a malformed placeholder is a definition
+-- error naming p_where and the placeholder.
+CREATE OR REPLACE FUNCTION stepready._flow_resolve_key(p_key text, p_context jsonb, p_input jsonb, p_where text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_out   text := '';
+    v_rest  text := p_key;
+    v_pos   int;
+    v_end   int;
+    v_ph    text;
+    v_root  jsonb;
+    v_val   jsonb;
+    v_path  text[];
+BEGIN
+    IF p_key IS NULL OR strpos(p_key, '${') = 0 THEN
+        RETURN p_key;
+    END IF;
+    LOOP
+        v_pos := strpos(v_rest, '${');
+        EXIT WHEN v_pos = 0;
+        v_end := strpos(substr(v_rest, v_pos), '}');
+        IF v_end = 0 THEN
+            PERFORM stepready._definition_error(p_where,
+                format('unterminated placeholder "%s"', substr(v_rest, v_pos)));
+        END IF;
+        v_ph := substr(v_rest, v_pos + 2, v_end - 3);
+        IF v_ph ~ '^context\.[^.]+(\.[^.]+)*$' THEN
+            v_root := p_context;
+        ELSIF v_ph ~ '^input\.[^.]+(\.[^.]+)*$' THEN
+            v_root := p_input;
+        ELSE
+            PERFORM stepready._definition_error(p_where,
+                format('placeholder "${%s}" must be ${context.PATH} or ${input.PATH}', v_ph));
+        END IF;
+        v_path := (string_to_array(v_ph, '.'))[2:];
+        v_val := v_root #> v_path;
+        IF v_val IS NULL OR jsonb_typeof(v_val) = 'null' THEN
+            PERFORM stepready._definition_error(p_where, format('placeholder "${%s}": no value at that path', v_ph));
+        END IF;
+        IF jsonb_typeof(v_val) IN ('object', 'array') THEN
+            PERFORM stepready._definition_error(p_where,
+                format('placeholder "${%s}": must be a string, number or boolean, got %s', v_ph,
+                       jsonb_typeof(v_val)));
+        END IF;
+        v_out := v_out || substr(v_rest, 1, v_pos - 1) || (v_val #>> '{}');
+        v_rest := substr(v_rest, v_pos + v_end);
+    END LOOP;
+    v_out := v_out || v_rest;
+    IF v_out = '' THEN
+        PERFORM stepready._definition_error(p_where, format('key "%s" resolves to an empty string', p_key));
+    END IF;
+    RETURN v_out;
+END;
+$$;
+
+-- Checks a definition's `concurrency` ({key, limit}) or `rate_limit` ({key, limit, period_ms}) object, and its
+-- placeholders against the task context and step input when both are given (NULL: shape only).
+CREATE OR REPLACE FUNCTION stepready._flow_validate(p_value jsonb, p_kind text, p_where text,
+                                                    p_context jsonb, p_input jsonb)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN
+        RETURN;
+    END IF;
+    IF jsonb_typeof(p_value) <> 'object' THEN
+        PERFORM stepready._definition_error(p_where, format('must be an object {key, limit%s}, got %s',
+            CASE WHEN p_kind = 'rate_limit' THEN ', period_ms' ELSE '' END, jsonb_typeof(p_value)));
+    END IF;
+    IF p_kind = 'rate_limit' THEN
+        PERFORM stepready._reject_unknown_keys(p_value, ARRAY['key', 'limit', 'period_ms'], p_where);
+    ELSE
+        PERFORM stepready._reject_unknown_keys(p_value, ARRAY['key', 'limit'], p_where);
+    END IF;
+    IF stepready._json_text(p_value -> 'key', p_where || ': key') IS NULL THEN
+        PERFORM stepready._definition_error(p_where || ': key', 'is required');
+    END IF;
+    IF stepready._json_integer(p_value -> 'limit', p_where || ': limit', 1, 2147483647) IS NULL THEN
+        PERFORM stepready._definition_error(p_where || ': limit', 'is required');
+    END IF;
+    IF p_kind = 'rate_limit'
+       AND stepready._json_integer(p_value -> 'period_ms', p_where || ': period_ms', 1) IS NULL THEN
+        PERFORM stepready._definition_error(p_where || ': period_ms', 'is required');
+    END IF;
+    IF p_context IS NOT NULL THEN
+        PERFORM stepready._flow_resolve_key(p_value ->> 'key', p_context, p_input, p_where || ': key');
+    END IF;
+END;
+$$;
+
+-- Checks and completes the flow control columns of a step being inserted (called by _steps_materialize):
+-- placeholders resolved, a key always with its limit (and a rate limit with its period).
+CREATE OR REPLACE FUNCTION stepready._flow_materialize(INOUT s stepready.steps, p_context jsonb, p_where text)
+LANGUAGE plpgsql
+AS $$
+BEGIN
+    IF s.concurrency_key IS NULL AND s.rate_key IS NULL AND s.concurrency_limit IS NULL AND s.rate_limit IS NULL
+       AND s.rate_period_ms IS NULL THEN
+        RETURN;
+    END IF;
+    s.concurrency_key := stepready._flow_resolve_key(s.concurrency_key, p_context, s.input,
+                                                     p_where || ': concurrency.key');
+    s.rate_key := stepready._flow_resolve_key(s.rate_key, p_context, s.input, p_where || ': rate_limit.key');
+    IF (s.concurrency_key IS NULL) <> (s.concurrency_limit IS NULL) THEN
+        PERFORM stepready._definition_error(p_where, 'concurrency_key and concurrency_limit go together');
+    END IF;
+    IF s.concurrency_limit < 1 THEN
+        PERFORM stepready._definition_error(p_where,
+            format('concurrency_limit must be >= 1, got %s', s.concurrency_limit));
+    END IF;
+    IF (s.rate_key IS NULL) <> (s.rate_limit IS NULL) OR (s.rate_key IS NULL) <> (s.rate_period_ms IS NULL) THEN
+        PERFORM stepready._definition_error(p_where, 'rate_key, rate_limit and rate_period_ms go together');
+    END IF;
+    IF s.rate_limit < 1 THEN
+        PERFORM stepready._definition_error(p_where, format('rate_limit must be >= 1, got %s', s.rate_limit));
+    END IF;
+    IF s.rate_period_ms < 1 THEN
+        PERFORM stepready._definition_error(p_where,
+            format('rate_period_ms must be >= 1, got %s', s.rate_period_ms));
+    END IF;
+END;
+$$;
+
+-- The token bucket of a rate key, kept as one timestamp (the generic cell rate algorithm): with an emission
+-- interval T = period / limit and a tolerance of period - T, a start at time t is allowed when
+-- t >= tat - (period - T), and moves tat to greatest(tat, t) + T. That is a bucket of `limit` tokens refilled
+-- continuously at `limit` per `period`, with exact arithmetic in microseconds.
+--
+-- How many starts are allowed at p_as_of (at most p_want), and the tat after taking them.
+CREATE OR REPLACE FUNCTION stepready._flow_tokens(p_tat timestamptz, p_limit int, p_period_ms bigint,
+                                                  p_as_of timestamptz, p_want int,
+                                                  OUT p_allowed int, OUT p_new_tat timestamptz)
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v_t   numeric := p_period_ms * 1000.0 / p_limit;        -- emission interval, µs
+    v_tol numeric := p_period_ms * 1000.0 - v_t;            -- tolerance, µs
+    v_now numeric := extract(epoch FROM p_as_of) * 1000000;
+    v_tat numeric := GREATEST(COALESCE(extract(epoch FROM p_tat) * 1000000, v_now), v_now);
+BEGIN
+    -- Start i (0-based) is allowed when v_tat + i*T - tol <= now.
+    IF v_tat - v_tol > v_now THEN
+        p_allowed := 0;
+        p_new_tat := p_tat;
+    ELSE
+        p_allowed := LEAST(p_want, floor((v_now + v_tol - v_tat) / v_t)::int + 1);
+        p_new_tat := 'epoch'::timestamptz + round(v_tat + p_allowed * v_t) * interval '1 microsecond';
+    END IF;
+END;
+$$;
+
+-- When the next start of a rate key is allowed, if later than p_as_of (NULL: a token is there now).
+CREATE OR REPLACE FUNCTION stepready._flow_next_token(p_tat timestamptz, p_limit int, p_period_ms bigint,
+                                                      p_as_of timestamptz)
+RETURNS timestamptz
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN n.at > p_as_of THEN n.at END
+      FROM (SELECT p_tat - round(p_period_ms * 1000.0 - p_period_ms * 1000.0 / p_limit) * interval '1 microsecond'
+                   AS at) n;
+$$;
+
+-- Tokens left in a rate key's bucket at p_as_of (fractional: the refill is continuous).
+CREATE OR REPLACE FUNCTION stepready._flow_tokens_left(p_tat timestamptz, p_limit int, p_period_ms bigint,
+                                                       p_as_of timestamptz)
+RETURNS float8
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN p_tat IS NULL OR p_tat <= p_as_of THEN p_limit::float8
+                ELSE GREATEST(0, p_limit - extract(epoch FROM p_tat - p_as_of) * 1000 * p_limit / p_period_ms)
+           END;
+$$;
+
+-- Steps of a concurrency key enqueued or in progress (read through steps_in_flight_key_idx).
+CREATE OR REPLACE FUNCTION stepready._flow_in_flight(p_key text)
+RETURNS int
+LANGUAGE sql STABLE
+AS $$
+    SELECT count(*)::int FROM stepready.steps
+     WHERE concurrency_key = p_key AND state IN ('enqueued', 'in_progress');
+$$;
+
+-- Why flow control holds a step that is otherwise ready at p_as_of, or NULL: 'concurrency_limited' when its
+-- concurrency key has its limit of steps in flight, else 'rate_limited' when its rate key has no token. The
+-- operator overrides of flow_limits win over the step's own limits. The claim applies the same rule
+-- (_claim_flow_group).
+CREATE OR REPLACE FUNCTION stepready._flow_blocked(p_concurrency_key text, p_concurrency_limit int,
+                                                   p_rate_key text, p_rate_limit int, p_rate_period_ms bigint,
+                                                   p_as_of timestamptz)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        WHEN p_concurrency_key IS NOT NULL
+             AND stepready._flow_in_flight(p_concurrency_key)
+                 >= COALESCE((SELECT l.concurrency_limit FROM stepready.flow_limits l WHERE l.key = p_concurrency_key),
+                             p_concurrency_limit)
+        THEN 'concurrency_limited'
+        WHEN p_rate_key IS NOT NULL
+             AND (SELECT stepready._flow_next_token(f.rate_tat, COALESCE(l.rate_limit, p_rate_limit),
+                                                    COALESCE(l.rate_period_ms, p_rate_period_ms), p_as_of)
+                    FROM (SELECT 1) one
+                    LEFT JOIN stepready.flow_state f ON f.key = p_rate_key
+                    LEFT JOIN stepready.flow_limits l ON l.key = p_rate_key) IS NOT NULL
+        THEN 'rate_limited'
+    END;
+$$;
+
+-- When daemons must wake for a rate key's next token (the earliest after p_as_of), or NULL. A claim that leaves
+-- claimable steps of a rate key behind for want of a token records the token's time; next_claim_at includes it.
+CREATE OR REPLACE FUNCTION stepready.next_flow_at(p_as_of timestamptz DEFAULT now())
+RETURNS timestamptz
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT min(f.wake_at) FROM stepready.flow_state f WHERE f.wake_at > p_as_of);
+END;
+$$;
+
+-- The keys of the claimable rows of one (task priority, step priority) group in ring order after p_after (NULL:
+-- from the start), at most p_max, '' (steps without a key) first in key order. Each key is one probe of
+-- steps_claim_order_idx (a loose index scan): the cost follows the keys returned, not the rows behind them.
+CREATE OR REPLACE FUNCTION stepready._flow_next_keys(p_tp int, p_p int, p_after text, p_upto text, p_max int)
+RETURNS text[]
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_keys text[] := '{}';
+    v_key  text;
+BEGIN
+    IF p_after IS NULL THEN
+        SELECT s.flow_key INTO v_key FROM stepready.steps s
+         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+           AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key >= ''
+         ORDER BY s.flow_key LIMIT 1;
+    ELSE
+        v_key := p_after;
+    END IF;
+    LOOP
+        IF v_key IS NOT NULL AND v_key IS DISTINCT FROM p_after THEN
+            EXIT WHEN p_upto IS NOT NULL AND v_key > p_upto;
+            v_keys := v_keys || v_key;
+            EXIT WHEN cardinality(v_keys) >= p_max;
+        END IF;
+        EXIT WHEN v_key IS NULL;
+        SELECT s.flow_key INTO v_key FROM stepready.steps s
+         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+           AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key > v_key
+         ORDER BY s.flow_key LIMIT 1;
+        IF NOT FOUND THEN
+            v_key := NULL;
+        END IF;
+    END LOOP;
+    RETURN v_keys;
+END;
+$$;
+
+-- Operator override of a key's limits (SPEC §14, `scheduler flow set`): each non-NULL argument replaces the
+-- stored value, the others are kept. Takes effect at the next claim.
+CREATE OR REPLACE FUNCTION stepready.set_flow_limit(p_key text, p_concurrency_limit int DEFAULT NULL,
+                                                    p_rate_limit int DEFAULT NULL,
+                                                    p_rate_period_ms bigint DEFAULT NULL)
+RETURNS stepready.flow_limits
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    r stepready.flow_limits;
+BEGIN
+    IF p_key IS NULL OR p_key = '' THEN
+        RAISE EXCEPTION 'flow key must be a non-empty string' USING ERRCODE = '22023';
+    END IF;
+    IF p_concurrency_limit IS NULL AND p_rate_limit IS NULL AND p_rate_period_ms IS NULL THEN
+        RAISE EXCEPTION 'flow key "%": give a concurrency limit, a rate limit with its period, or both', p_key
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_concurrency_limit < 1 THEN
+        RAISE EXCEPTION 'flow key "%": concurrency limit must be >= 1, got %', p_key, p_concurrency_limit
+            USING ERRCODE = '22023';
+    END IF;
+    IF (p_rate_limit IS NULL) <> (p_rate_period_ms IS NULL) THEN
+        RAISE EXCEPTION 'flow key "%": a rate limit needs its period and a period its rate limit', p_key
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_rate_limit < 1 OR p_rate_period_ms < 1 THEN
+        RAISE EXCEPTION 'flow key "%": rate limit and period must be >= 1, got % per % ms', p_key, p_rate_limit,
+            p_rate_period_ms USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO stepready.flow_limits AS l (key, concurrency_limit, rate_limit, rate_period_ms)
+    VALUES (p_key, p_concurrency_limit, p_rate_limit, p_rate_period_ms)
+    ON CONFLICT (key) DO UPDATE
+       SET concurrency_limit = COALESCE(EXCLUDED.concurrency_limit, l.concurrency_limit),
+           rate_limit        = COALESCE(EXCLUDED.rate_limit, l.rate_limit),
+           rate_period_ms    = COALESCE(EXCLUDED.rate_period_ms, l.rate_period_ms),
+           updated_at        = now()
+    RETURNING * INTO r;
+    RETURN r;
+END;
+$$;
+
+-- Removes a key's override (`scheduler flow set KEY --clear`); the steps' own limits apply again. Returns
+-- whether there was one.
+CREATE OR REPLACE FUNCTION stepready.clear_flow_limit(p_key text)
+RETURNS bool
+LANGUAGE sql
+AS $$
+    WITH d AS (DELETE FROM stepready.flow_limits WHERE key = p_key RETURNING 1)
+    SELECT EXISTS (SELECT 1 FROM d);
+$$;
+
+-- Every key known to flow control at p_as_of: keys with an override and keys claimed before. Limits: the
+-- override, else the steps' own as the key's last claim applied them; waiting: claimable steps (apart from flow
+-- control) whose fairness key it is; blocked: NULL, 'concurrency_limited' or 'rate_limited'. Reads every
+-- claimable keyed row once (the claim index), for the CLI, the console and the leader's gauges.
+CREATE OR REPLACE FUNCTION stepready.flow_status(p_as_of timestamptz DEFAULT now())
+RETURNS TABLE (
+    key               text,
+    concurrency_limit int,
+    in_flight         int,
+    rate_limit        int,
+    rate_period_ms    bigint,
+    tokens            float8,
+    next_token_at     timestamptz,
+    waiting           int,
+    overridden        bool,
+    blocked           text)
+LANGUAGE sql STABLE
+AS $$
+    WITH w AS (
+        SELECT s.flow_key AS key, count(*)::int AS waiting
+          FROM stepready.steps s
+         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+           AND s.flow_key <> ''
+           AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+           AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
+         GROUP BY s.flow_key
+    ), e AS (
+        SELECT k.key, COALESCE(l.concurrency_limit, f.concurrency_limit) AS c_limit,
+               COALESCE(l.rate_limit, f.rate_limit) AS r_limit,
+               COALESCE(l.rate_period_ms, f.rate_period_ms) AS r_period,
+               f.rate_tat, l.key IS NOT NULL AS overridden,
+               stepready._flow_in_flight(k.key) AS in_flight, COALESCE(w.waiting, 0) AS waiting
+          FROM (SELECT f.key FROM stepready.flow_state f UNION SELECT l.key FROM stepready.flow_limits l
+                UNION SELECT w.key FROM w) k
+          LEFT JOIN stepready.flow_limits l ON l.key = k.key
+          LEFT JOIN stepready.flow_state f ON f.key = k.key
+          LEFT JOIN w ON w.key = k.key
+    )
+    SELECT e.key, e.c_limit, e.in_flight, e.r_limit, e.r_period,
+           CASE WHEN e.r_limit IS NOT NULL THEN stepready._flow_tokens_left(e.rate_tat, e.r_limit, e.r_period, p_as_of) END,
+           CASE WHEN e.r_limit IS NOT NULL THEN stepready._flow_next_token(e.rate_tat, e.r_limit, e.r_period, p_as_of) END,
+           e.waiting, e.overridden,
+           CASE WHEN e.waiting = 0 THEN NULL
+                WHEN e.in_flight >= e.c_limit THEN 'concurrency_limited'
+                WHEN stepready._flow_next_token(e.rate_tat, e.r_limit, e.r_period, p_as_of) IS NOT NULL
+                THEN 'rate_limited' END
+      FROM e
+     ORDER BY e.key;
+$$;
