@@ -1,0 +1,426 @@
+package integration
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Flow control (SPEC §14): definition fields, limits in the claim, releases, overrides, token buckets, fairness.
+
+// keyedTasks creates n one-step tasks whose step has the given flow fields (JSON, without braces) and returns
+// their step ids in creation order.
+func (b *lcBundle) keyedTasks(n int, fields string) []int64 {
+	b.t.Helper()
+	ids := make([]int64, n)
+	for i := range ids {
+		_, steps := b.task(fmt.Sprintf(`{"name": "k%d", "steps": [{"name": "s", "handler": "h", %s}]}`, i, fields))
+		ids[i] = steps["s"]
+	}
+	return ids
+}
+
+// explainMessages returns the "reason: message" lines explain_step gives for a step at asOf.
+func (b *lcBundle) explainMessages(stepID int64, asOf time.Time) []string {
+	b.t.Helper()
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT reason, message FROM stepready.explain_step($1, $2)`, stepID, asOf)
+	require.NoError(b.t, err)
+	var got []string
+	for rows.Next() {
+		var reason, message string
+		require.NoError(b.t, rows.Scan(&reason, &message))
+		got = append(got, reason+": "+message)
+	}
+	require.NoError(b.t, rows.Err())
+	return got
+}
+
+func (b *lcBundle) inFlight(key string) int {
+	b.t.Helper()
+	return b.intCall(`SELECT count(*)::int FROM stepready.steps WHERE concurrency_key = $1
+		AND state IN ('enqueued', 'in_progress')`, key)
+}
+
+func TestFlowDefinitionFieldsAndPlaceholders(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	_, ids := b.task(`{"name": "t", "context": {"tenant": {"id": 42}, "flag": true},
+		"concurrency": {"key": "tenant:${context.tenant.id}", "limit": 5},
+		"rate_limit": {"key": "api", "limit": 10, "period_ms": 1000},
+		"steps": [
+			{"name": "a", "handler": "h"},
+			{"name": "b", "handler": "h", "input": {"api": "github", "n": [1]},
+			 "concurrency": {"key": "own-${input.api}-${context.flag}", "limit": 2},
+			 "rate_limit": {"key": "api:${input.api}", "limit": 3, "period_ms": 60000}}]}`)
+	type cols struct {
+		CKey   *string
+		CLimit *int
+		RKey   *string
+		RLimit *int
+		RMs    *int64
+		Flow   string
+	}
+	get := func(id int64) cols {
+		var c cols
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT concurrency_key, concurrency_limit, rate_key, rate_limit,
+			rate_period_ms, flow_key FROM stepready.steps WHERE id = $1`, id).
+			Scan(&c.CKey, &c.CLimit, &c.RKey, &c.RLimit, &c.RMs, &c.Flow))
+		return c
+	}
+	require.Equal(t, cols{lcPtr("tenant:42"), lcPtr(5), lcPtr("api"), lcPtr(10), lcPtr(int64(1000)), "tenant:42"},
+		get(ids["a"]), "the task's fields are the default of its steps")
+	require.Equal(t, cols{lcPtr("own-github-true"), lcPtr(2), lcPtr("api:github"), lcPtr(3), lcPtr(int64(60000)),
+		"own-github-true"}, get(ids["b"]), "a step's own fields win, placeholders resolved")
+
+	// A rate key alone is the fairness key; no key at all is the '' group.
+	_, ids = b.task(`{"name": "r", "steps": [{"name": "x", "handler": "h", "rate_limit": {"key": "r", "limit": 1, "period_ms": 1}},
+		{"name": "y", "handler": "h"}]}`)
+	require.Equal(t, "r", get(ids["x"]).Flow)
+	require.Equal(t, "", get(ids["y"]).Flow)
+
+	// Plain SQL: the insert trigger resolves the placeholders too.
+	taskID := b.intCall(`INSERT INTO stepready.tasks (name, context) VALUES ('plain', '{"t": "acme"}') RETURNING id::int`)
+	var key string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `INSERT INTO stepready.steps (task_id, name, handler, input,
+		concurrency_key, concurrency_limit) VALUES ($1, 's', 'h', '{"region": "eu"}', 't:${context.t}:${input.region}', 1)
+		RETURNING concurrency_key`, taskID).Scan(&key))
+	require.Equal(t, "t:acme:eu", key)
+
+	for _, tc := range []struct {
+		name, def string
+		contains  []string
+	}{
+		{"missing context path", `{"name": "t", "steps": [{"name": "s", "handler": "h",
+			"concurrency": {"key": "t:${context.tenant}", "limit": 1}}]}`,
+			[]string{`steps[0] "s": concurrency: key`, `placeholder "${context.tenant}": no value at that path`}},
+		{"missing input path, task default", `{"name": "t", "concurrency": {"key": "${input.who}", "limit": 1},
+			"steps": [{"name": "s", "handler": "h"}]}`,
+			[]string{`steps[0] "s": concurrency (the task's): key`, `placeholder "${input.who}"`}},
+		{"non-scalar value", `{"name": "t", "steps": [{"name": "s", "handler": "h", "input": {"o": {"a": 1}},
+			"rate_limit": {"key": "${input.o}", "limit": 1, "period_ms": 1}}]}`,
+			[]string{`steps[0] "s": rate_limit: key`, `must be a string, number or boolean, got object`}},
+		{"unknown root", `{"name": "t", "steps": [{"name": "s", "handler": "h",
+			"concurrency": {"key": "${env.HOME}", "limit": 1}}]}`,
+			[]string{`placeholder "${env.HOME}" must be ${context.PATH} or ${input.PATH}`}},
+		{"unterminated", `{"name": "t", "steps": [{"name": "s", "handler": "h",
+			"concurrency": {"key": "a${input.x", "limit": 1}}]}`,
+			[]string{`unterminated placeholder`}},
+		{"limit 0", `{"name": "t", "steps": [{"name": "s", "handler": "h", "concurrency": {"key": "k", "limit": 0}}]}`,
+			[]string{`steps[0] "s": concurrency: limit`, `must be an integer >= 1`}},
+		{"negative limit at task level", `{"name": "t", "concurrency": {"key": "k", "limit": -3},
+			"steps": [{"name": "s", "handler": "h"}]}`, []string{`concurrency: limit`, `>= 1`}},
+		{"rate without period", `{"name": "t", "steps": [{"name": "s", "handler": "h", "rate_limit": {"key": "k", "limit": 1}}]}`,
+			[]string{`steps[0] "s": rate_limit: period_ms`, `is required`}},
+		{"unknown field", `{"name": "t", "steps": [{"name": "s", "handler": "h", "concurrency": {"key": "k", "limit": 1, "burst": 2}}]}`,
+			[]string{`steps[0] "s": concurrency`, `burst`}},
+		{"empty key", `{"name": "t", "steps": [{"name": "s", "handler": "h", "concurrency": {"key": "", "limit": 1}}]}`,
+			[]string{`concurrency: key`}},
+	} {
+		err := b.callErr(`SELECT stepready.create_task($1::jsonb)`, tc.def)
+		lcRequireSQLState(t, err, "22023", tc.contains...)
+	}
+	// Plain SQL: a key without its limit.
+	err := b.callErr(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key) VALUES ($1, 'z', 'h', 'k')`, taskID)
+	lcRequireSQLState(t, err, "22023", `step "z"`, "concurrency_key and concurrency_limit go together")
+}
+
+// A key never has more than its limit in flight; every way out of flight frees a slot at once.
+func TestFlowConcurrencyLimitAndEveryRelease(t *testing.T) {
+	t.Parallel()
+	const fields = `"concurrency": {"key": "k", "limit": 2}, "retry": {"max_attempts": 3, "backoff": "none"}`
+	for _, tc := range []struct {
+		name    string
+		release func(b *lcBundle, stepID int64, asOf time.Time)
+	}{
+		{"complete", func(b *lcBundle, id int64, at time.Time) {
+			require.True(b.t, b.complete(id, b.attemptOf(id), `{}`, at))
+		}},
+		{"fail with a retry", func(b *lcBundle, id int64, at time.Time) {
+			r := b.fail(id, b.attemptOf(id), `{"message": "boom"}`, at, 0)
+			require.Equal(b.t, "waiting_for_retry", lcDeref(r.State))
+		}},
+		{"fail for good", func(b *lcBundle, id int64, at time.Time) {
+			b.exec(`UPDATE stepready.steps SET max_attempts = 1 WHERE id = $1`, id)
+			r := b.fail(id, b.attemptOf(id), `{"message": "boom"}`, at, 0)
+			require.Equal(b.t, "error", lcDeref(r.State))
+		}},
+		{"release", func(b *lcBundle, id int64, at time.Time) {
+			require.True(b.t, b.boolCall(`SELECT stepready.release_step($1, $2, $3)`, id, b.attemptOf(id), at))
+		}},
+		{"reap", func(b *lcBundle, id int64, at time.Time) {
+			b.exec(`UPDATE stepready.steps SET lease_expires_at = $2 WHERE id = $1`, id, at.Add(-time.Second))
+			require.Equal(b.t, 1, b.intCall(`SELECT stepready.reap_expired_leases($1)`, at))
+		}},
+		{"cancel", func(b *lcBundle, id int64, at time.Time) {
+			b.exec(`SELECT stepready.cancel_task(task_id, 'no', $2) FROM stepready.steps WHERE id = $1`, id, at)
+		}},
+		{"delete (prune)", func(b *lcBundle, id int64, _ time.Time) {
+			b.exec(`DELETE FROM stepready.tasks WHERE id = (SELECT task_id FROM stepready.steps WHERE id = $1)`, id)
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			b := lcSetup(t)
+			ids := b.keyedTasks(5, fields)
+			at := lcBase
+			got := b.startIDs(10, at)
+			require.Equal(t, ids[:2], got, "two of five: the limit")
+			require.Equal(t, 2, b.inFlight("k"))
+			b.requireNotReady(ids[2], at, "concurrency_limited")
+			require.Equal(t, []string{"concurrency_limited: concurrency limited by k: 2 of 2 in flight"},
+				b.explainMessages(ids[2], at))
+			require.Empty(t, b.startIDs(10, at), "nothing more while the key is full")
+
+			tc.release(b, ids[0], at)
+			require.Equal(t, 1, b.inFlight("k"))
+			b.requireReady(ids[2], at)
+			got = b.startIDs(10, at)
+			require.Len(t, got, 1, "exactly one slot was freed")
+			require.Equal(t, 2, b.inFlight("k"))
+		})
+	}
+}
+
+// Reset (after cancel or failure) puts steps back as pending: they count again only when claimed.
+func TestFlowResetAndOverrides(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	ids := b.keyedTasks(6, `"concurrency": {"key": "k", "limit": 3}`)
+	at := lcBase
+	require.Len(t, b.startIDs(10, at), 3)
+
+	// An operator lowers the limit: no claim until in flight drops below it.
+	b.exec(`SELECT stepready.set_flow_limit('k', 1)`)
+	require.Empty(t, b.startIDs(10, at))
+	require.Equal(t, []string{"concurrency_limited: concurrency limited by k: 3 of 1 in flight"},
+		b.explainMessages(ids[3], at))
+	for _, id := range ids[:3] {
+		require.True(t, b.complete(id, b.attemptOf(id), `{}`, at))
+	}
+	require.Len(t, b.startIDs(10, at), 1, "the override holds")
+	// Raising it takes effect at the next claim; clearing it restores the steps' own limit.
+	b.exec(`SELECT stepready.set_flow_limit('k', 2)`)
+	require.Len(t, b.startIDs(10, at), 1)
+	require.True(t, b.boolCall(`SELECT stepready.clear_flow_limit('k')`))
+	require.False(t, b.boolCall(`SELECT stepready.clear_flow_limit('k')`))
+	require.Len(t, b.startIDs(10, at), 1, "the steps' own limit of 3")
+	require.Equal(t, 3, b.inFlight("k"))
+
+	// Bad overrides are refused with the key named.
+	for _, sql := range []string{
+		`SELECT stepready.set_flow_limit('k', 0)`,
+		`SELECT stepready.set_flow_limit('k', NULL, 5)`,
+		`SELECT stepready.set_flow_limit('k')`,
+		`SELECT stepready.set_flow_limit('', 1)`,
+		`SELECT stepready.set_flow_limit('k', NULL, 0, 1000)`,
+	} {
+		lcRequireSQLState(t, b.callErr(sql), "22023")
+	}
+
+	// Cancel and reset: the cancelled in-flight steps free their slots; reset makes them pending again.
+	taskOf := b.intCall(`SELECT task_id::int FROM stepready.steps WHERE id = $1`, ids[3])
+	b.exec(`SELECT stepready.cancel_task($1)`, taskOf)
+	require.Equal(t, 2, b.inFlight("k"))
+	require.Equal(t, 1, b.intCall(`SELECT stepready.reset_task($1)`, taskOf))
+	b.requireReady(ids[3], at)
+	require.Equal(t, ids[3:4], b.startIDs(10, at))
+	require.Equal(t, 3, b.inFlight("k"))
+}
+
+// The token bucket at the exact boundary of p_as_of: 2 per second is a token every 500 ms, a burst of 2.
+func TestFlowRateBoundary(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	ids := b.keyedTasks(6, `"rate_limit": {"key": "api", "limit": 2, "period_ms": 1000}`)
+	t0 := lcBase
+	require.Equal(t, ids[:2], b.startIDs(10, t0), "a full bucket: a burst of two")
+	b.requireNotReady(ids[2], t0, "rate_limited")
+	require.Equal(t, []string{"rate_limited: rate limited by api: next slot in 0.5s"}, b.explainMessages(ids[2], t0))
+
+	var next *time.Time
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.next_claim_at($1)`, t0).Scan(&next))
+	lcRequireTime(t, t0.Add(500*time.Millisecond), next, "next_claim_at: the next token")
+
+	require.Empty(t, b.startIDs(10, t0.Add(500*time.Millisecond-lcTick)), "1 µs before the token")
+	b.requireNotReady(ids[2], t0.Add(500*time.Millisecond-lcTick), "rate_limited")
+	b.requireReady(ids[2], t0.Add(500*time.Millisecond))
+	require.Equal(t, ids[2:3], b.startIDs(10, t0.Add(500*time.Millisecond)), "one token at 500 ms")
+	require.Empty(t, b.startIDs(10, t0.Add(999*time.Millisecond)))
+	require.Equal(t, ids[3:4], b.startIDs(10, t0.Add(time.Second)))
+	// Idle for 10 s: the bucket holds at most its capacity.
+	require.Equal(t, ids[4:6], b.startIDs(10, t0.Add(11*time.Second)))
+
+	// An override of the rate applies at the next claim.
+	more := b.keyedTasks(3, `"rate_limit": {"key": "api", "limit": 2, "period_ms": 1000}`)
+	b.exec(`SELECT stepready.set_flow_limit('api', NULL, 1, 10000)`)
+	require.Equal(t, more[:1], b.startIDs(10, t0.Add(20*time.Second)))
+	require.Empty(t, b.startIDs(10, t0.Add(29*time.Second)))
+	require.Equal(t, more[1:2], b.startIDs(10, t0.Add(30*time.Second)))
+
+	var status struct {
+		Key      string
+		Tokens   float64
+		Next     *time.Time
+		Waiting  int
+		Override bool
+		Blocked  *string
+	}
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT key, tokens, next_token_at, waiting, overridden, blocked
+		FROM stepready.flow_status($1) WHERE key = 'api'`, t0.Add(35*time.Second)).
+		Scan(&status.Key, &status.Tokens, &status.Next, &status.Waiting, &status.Override, &status.Blocked))
+	require.InDelta(t, 0.5, status.Tokens, 1e-9)
+	lcRequireTime(t, t0.Add(40*time.Second), status.Next, "next token")
+	require.Equal(t, 1, status.Waiting)
+	require.True(t, status.Override)
+	require.Equal(t, "rate_limited", lcDeref(status.Blocked))
+}
+
+// Fairness across claims: a key with 2,000 ready steps created first does not starve a key with 20 created
+// after, even when every claim takes one or two steps.
+func TestFlowFairnessAcrossClaims(t *testing.T) {
+	t.Parallel()
+	for _, batch := range []int{1, 2, 7} {
+		t.Run(fmt.Sprintf("claims of %d", batch), func(t *testing.T) {
+			t.Parallel()
+			b := lcSetup(t)
+			b.exec(`INSERT INTO stepready.tasks (name) VALUES ('big'), ('small')`)
+			b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
+				SELECT 1, 'b' || g, 'h', 'big', 100000 FROM generate_series(1, 2000) g`)
+			b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
+				SELECT 2, 's' || g, 'h', 'small', 100000 FROM generate_series(1, 20) g`)
+			bigStarts, smallStarts := 0, 0
+			for smallStarts < 20 {
+				rows := b.claim(batch, lcBase)
+				require.NotEmpty(t, rows)
+				for _, r := range rows {
+					if r.TaskID == 1 {
+						bigStarts++
+					} else {
+						smallStarts++
+					}
+				}
+				require.LessOrEqual(t, bigStarts, 2*20+batch,
+					"the big key took %d starts before the small key's 20 were done (%d done)", bigStarts, smallStarts)
+			}
+		})
+	}
+}
+
+// Priorities first: keys are only shared within one (task priority, step priority) group.
+func TestFlowFairnessKeepsPriorities(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	low := b.keyedTasks(3, `"concurrency": {"key": "a", "limit": 10}`)
+	high := b.keyedTasks(2, `"priority": 5, "concurrency": {"key": "b", "limit": 10}`)
+	plain := b.keyedTasks(2, `"priority": 5`)
+	got := b.startIDs(4, lcBase)
+	require.ElementsMatch(t, append(append([]int64{}, high...), plain...), got)
+	require.Equal(t, low[:3], b.startIDs(10, lcBase))
+}
+
+// Eight claimers on one key never put more than its limit in flight, not even for an instant: a sampler reads
+// the committed in-flight count all along. Both claim functions.
+func TestFlowConcurrentClaimersNeverExceedTheLimit(t *testing.T) {
+	t.Parallel()
+	for _, fn := range []string{"claim_ready_steps", "claim_and_start_steps"} {
+		t.Run(fn, func(t *testing.T) {
+			t.Parallel()
+			const limit, steps, claimers = 3, 300, 8
+			b := lcSetup(t)
+			b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
+			b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
+				SELECT 1, 's' || g, 'h', 'k', $1 FROM generate_series(1, $2) g`, limit, steps)
+			ctx, cancel := context.WithTimeout(b.ctx, 2*time.Minute)
+			defer cancel()
+			var done, maxSeen atomic.Int64
+			stop := make(chan struct{})
+			var sampler sync.WaitGroup
+			sampler.Add(1)
+			go func() {
+				defer sampler.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					var n int64
+					if err := b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM stepready.steps
+						WHERE concurrency_key = 'k' AND state IN ('enqueued', 'in_progress')`).Scan(&n); err != nil {
+						return
+					}
+					for cur := maxSeen.Load(); n > cur && !maxSeen.CompareAndSwap(cur, n); cur = maxSeen.Load() {
+					}
+				}
+			}()
+			var wg sync.WaitGroup
+			errs := make(chan error, claimers)
+			for w := range claimers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					worker := fmt.Sprintf("w%d", w)
+					for done.Load() < steps && ctx.Err() == nil {
+						rows, err := b.db.Pool.Query(ctx, fmt.Sprintf(
+							`SELECT step_id FROM stepready.%s(2, $1, 60000)`, fn), worker)
+						if err != nil {
+							errs <- err
+							return
+						}
+						var ids []int64
+						for rows.Next() {
+							var id int64
+							_ = rows.Scan(&id)
+							ids = append(ids, id)
+						}
+						if err := rows.Err(); err != nil {
+							errs <- err
+							return
+						}
+						for _, id := range ids {
+							if fn == "claim_ready_steps" {
+								if _, err := b.db.Pool.Exec(ctx, `SELECT stepready.start_step($1, $2, 60000)`, id, worker); err != nil {
+									errs <- err
+									return
+								}
+							}
+							if _, err := b.db.Pool.Exec(ctx, `SELECT stepready.complete_step($1, 1, '{}')`, id); err != nil {
+								errs <- err
+								return
+							}
+							done.Add(1)
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(stop)
+			sampler.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			require.EqualValues(t, steps, done.Load(), "every step ran once")
+			require.EqualValues(t, steps, b.intCall(`SELECT count(*)::int FROM stepready.steps WHERE state = 'complete'`))
+			require.LessOrEqual(t, maxSeen.Load(), int64(limit), "committed in-flight count never above the limit")
+			require.Positive(t, maxSeen.Load())
+		})
+	}
+}
+
+// startIDs claims with claim_and_start_steps at asOf and returns the step ids in claim order.
+func (b *lcBundle) startIDs(limit int, asOf time.Time) []int64 {
+	b.t.Helper()
+	return lcStartedIDs(b.claimAndStart(limit, asOf))
+}
+
+// attemptOf is a step's current attempt number (its fencing token while in flight).
+func (b *lcBundle) attemptOf(stepID int64) int {
+	b.t.Helper()
+	return b.intCall(`SELECT attempts FROM stepready.steps WHERE id = $1`, stepID)
+}
