@@ -99,8 +99,15 @@ func claimWithNextDue[T any](ctx context.Context, db BatchSender, capHint int, s
 		got, err = pgx.AppendRows(make([]T, 0, min(capHint, 128)), rows, scan)
 		return err
 	})
+	// A claim that leaves rate-limited steps behind records when their key's next token arrives (SPEC §14):
+	// read after the claim, so the timer wakes for it instead of waiting for the poll interval.
+	var flowAt *time.Time
+	b.Queue(`SELECT stepready.next_flow_at()`).QueryRow(func(r pgx.Row) error { return r.Scan(&flowAt) })
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
 		return nil, NextDue{}, err
+	}
+	if flowAt != nil && (due.At == nil || flowAt.Before(*due.At)) {
+		due.At = flowAt
 	}
 	return got, due, nil
 }
