@@ -78,6 +78,21 @@ func (r *Reaper) ReapOnce(ctx context.Context) (int, error) {
 		for _, s := range stats {
 			r.Metrics.QueueBacklog(s.Queue, s.Ready, s.InFlight, s.WaitingForRetry, s.DueWithinMinute, s.OldestReadySeconds)
 		}
+		// And what flow control holds back, by reason only (a label per key would be unbounded).
+		flow, err := store.FlowStatus(ctx, tx)
+		if err != nil {
+			return err
+		}
+		keys, steps := map[string]int{}, map[string]int{}
+		for _, k := range flow {
+			if k.Blocked != "" {
+				keys[k.Blocked]++
+				steps[k.Blocked] += k.Waiting
+			}
+		}
+		for _, reason := range []string{"concurrency_limited", "rate_limited"} {
+			r.Metrics.FlowBlocked(reason, keys[reason], steps[reason])
+		}
 		return nil
 	})
 	r.Metrics.Reaped(n)

@@ -98,8 +98,34 @@ func TestReaperExportsTheBacklog(t *testing.T) {
 	require.Zero(t, n)
 }
 
+// The elected reaper exports what flow control holds back, by reason and without a label per key.
+func TestReaperExportsFlowControl(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	_, err := db.Pool.Exec(ctx, `SELECT stepready.create_task('{"name": "t",
+		"concurrency": {"key": "tenant:1", "limit": 1},
+		"steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h"}, {"name": "c", "handler": "h"}]}')`)
+	require.NoError(t, err)
+	_, err = db.Pool.Exec(ctx, `SELECT * FROM stepready.claim_ready_steps(10, 'w', 60000)`)
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	r := &readiness.Reaper{Pool: db.Pool, Interval: time.Hour, Logger: slog.New(slog.DiscardHandler), Metrics: metrics.New(reg)}
+	_, err = r.ReapOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2.0, testutil.ToFloat64(mustGaugeLabel(t, reg, "stepready_flow_blocked_steps", "reason", "concurrency_limited")))
+	require.Equal(t, 1.0, testutil.ToFloat64(mustGaugeLabel(t, reg, "stepready_flow_blocked_keys", "reason", "concurrency_limited")))
+	require.Equal(t, 0.0, testutil.ToFloat64(mustGaugeLabel(t, reg, "stepready_flow_blocked_steps", "reason", "rate_limited")))
+}
+
 // mustGauge returns the gauge name{queue=queue} of reg.
 func mustGauge(t *testing.T, reg *prometheus.Registry, name, queue string) prometheus.Collector {
+	t.Helper()
+	return mustGaugeLabel(t, reg, name, "queue", queue)
+}
+
+// mustGaugeLabel returns the gauge name{label=value} of reg.
+func mustGaugeLabel(t *testing.T, reg *prometheus.Registry, name, label, queue string) prometheus.Collector {
 	t.Helper()
 	mfs, err := reg.Gather()
 	require.NoError(t, err)
@@ -109,7 +135,7 @@ func mustGauge(t *testing.T, reg *prometheus.Registry, name, queue string) prome
 		}
 		for _, m := range mf.GetMetric() {
 			for _, l := range m.GetLabel() {
-				if l.GetName() == "queue" && l.GetValue() == queue {
+				if l.GetName() == label && l.GetValue() == queue {
 					g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "copy"})
 					g.Set(m.GetGauge().GetValue())
 					return g
@@ -117,6 +143,6 @@ func mustGauge(t *testing.T, reg *prometheus.Registry, name, queue string) prome
 			}
 		}
 	}
-	t.Fatalf("no %s{queue=%q}", name, queue)
+	t.Fatalf("no %s{%s=%q}", name, label, queue)
 	return nil
 }

@@ -20,6 +20,8 @@ type Metrics struct {
 	pruned    prometheus.Counter
 	// The backlog per queue (queue_stats), set by the elected instance only.
 	queueReady, queueInFlight, queueWaiting, queueDueSoon, queueLag *prometheus.GaugeVec
+	// Flow control (SPEC §14) by reason, never by key: set by the elected instance only.
+	flowSteps, flowKeys *prometheus.GaugeVec
 	claimLatency                                                    prometheus.Histogram
 	readyToStart                                                    prometheus.Histogram
 	attemptDuration                                                 prometheus.Histogram
@@ -55,6 +57,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Steps that become ready within a minute, per queue (set by the elected instance)."}, []string{"queue"}),
 		queueLag: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_oldest_ready_seconds",
 			Help: "How long the oldest ready step has waited to be claimed, per queue: the scheduling lag (set by the elected instance)."}, []string{"queue"}),
+		flowSteps: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_flow_blocked_steps",
+			Help: "Steps otherwise ready that flow control holds back, by reason (concurrency_limited, rate_limited; set by the elected instance)."}, []string{"reason"}),
+		flowKeys: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_flow_blocked_keys",
+			Help: "Flow control keys at their limit with steps waiting, by reason (set by the elected instance)."}, []string{"reason"}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_seconds",
 			Help: "Duration of one claim (and dispatch) round trip.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
 		readyToStart: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_to_start_seconds",
@@ -66,7 +72,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	}
 	if reg != nil {
 		reg.MustRegister(m.claimed, m.started, m.completed, m.failed, m.retries, m.released, m.reaped, m.pruned,
-			m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag,
+			m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag, m.flowSteps, m.flowKeys,
 			m.claimLatency, m.readyToStart, m.attemptDuration, m.inFlight)
 	}
 	return m
@@ -145,9 +151,20 @@ func (m *Metrics) ResetQueueBacklog() {
 	if m == nil {
 		return
 	}
-	for _, g := range []*prometheus.GaugeVec{m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag} {
+	for _, g := range []*prometheus.GaugeVec{m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag,
+		m.flowSteps, m.flowKeys} {
 		g.Reset()
 	}
+}
+
+// FlowBlocked sets the flow control gauges of one reason: keys at their limit with steps waiting, and those
+// steps. Cleared by ResetQueueBacklog.
+func (m *Metrics) FlowBlocked(reason string, keys, steps int) {
+	if m == nil {
+		return
+	}
+	m.flowKeys.WithLabelValues(reason).Set(float64(keys))
+	m.flowSteps.WithLabelValues(reason).Set(float64(steps))
 }
 
 // Pruned records n tasks deleted by retention.
