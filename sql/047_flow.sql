@@ -235,34 +235,44 @@ $$;
 CREATE OR REPLACE FUNCTION stepready._flow_next_keys(p_tp int, p_p int, p_after text, p_upto text, p_max int)
 RETURNS text[]
 LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
 AS $$
 DECLARE
-    v_keys text[] := '{}';
-    v_key  text;
+    v_keys  text[] := '{}';
+    v_after text := p_after;
 BEGIN
-    IF p_after IS NULL THEN
-        SELECT s.flow_key INTO v_key FROM stepready.steps s
+    IF v_after IS NULL THEN
+        -- From the start of the ring: '' (the steps without a key) sorts first.
+        SELECT s.flow_key INTO v_after FROM stepready.steps s
          WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
            AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key >= ''
          ORDER BY s.flow_key LIMIT 1;
-    ELSE
-        v_key := p_after;
+        IF v_after IS NULL OR v_after > p_upto THEN
+            RETURN v_keys;
+        END IF;
+        v_keys := ARRAY[v_after];
     END IF;
-    LOOP
-        IF v_key IS NOT NULL AND v_key IS DISTINCT FROM p_after THEN
-            EXIT WHEN p_upto IS NOT NULL AND v_key > p_upto;
-            v_keys := v_keys || v_key;
-            EXIT WHEN cardinality(v_keys) >= p_max;
-        END IF;
-        EXIT WHEN v_key IS NULL;
-        SELECT s.flow_key INTO v_key FROM stepready.steps s
-         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
-           AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key > v_key
-         ORDER BY s.flow_key LIMIT 1;
-        IF NOT FOUND THEN
-            v_key := NULL;
-        END IF;
-    END LOOP;
+    IF cardinality(v_keys) >= p_max THEN
+        RETURN v_keys;
+    END IF;
+    -- One probe per key: each finds the smallest key after the previous one.
+    SELECT v_keys || COALESCE(array_agg(x.key ORDER BY x.n), '{}') INTO v_keys
+      FROM (WITH RECURSIVE k(key, n) AS (
+                SELECT (SELECT s.flow_key FROM stepready.steps s
+                         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                           AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
+                           AND s.flow_key > v_after
+                         ORDER BY s.flow_key LIMIT 1), 1
+                UNION ALL
+                SELECT (SELECT s.flow_key FROM stepready.steps s
+                         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                           AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
+                           AND s.flow_key > k.key
+                         ORDER BY s.flow_key LIMIT 1), k.n + 1
+                  FROM k
+                 WHERE k.key IS NOT NULL AND k.n < p_max - cardinality(v_keys)
+                   AND (p_upto IS NULL OR k.key < p_upto))
+            SELECT k.key, k.n FROM k WHERE k.key IS NOT NULL AND (p_upto IS NULL OR k.key <= p_upto)) x;
     RETURN v_keys;
 END;
 $$;

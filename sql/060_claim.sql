@@ -132,19 +132,19 @@ DECLARE
     v_after    text := p_cursor;   -- round 1: keys after this one...
     v_upto     text;               -- ...and up to this one (after wrapping around)
     v_wrapped  bool := p_cursor IS NULL;
-    v_visit    text[];
+    v_batch    text[];
     v_got      text[];
-    v_key      text;
+    v_visit    int[];              -- the keys of one pass, as positions in the k_ arrays
+    v_prod     int[] := '{}';      -- keys that gave all a pass asked and may give more
     v_i        int;
-    v_n        int;
     v_q        int;
     v_skipped  bool := false;
     v_last     text;
-    v_prod     text[] := '{}';
     -- Per key met in this group, parallel arrays indexed by the key's position in k_key.
     k_key      text[] := '{}';
     k_flight   int[] := '{}';          -- in flight when the key was locked
     k_taken    int[] := '{}';          -- taken by this claim
+    k_pass     int[] := '{}';          -- taken in the current pass
     k_c_ovr    int[] := '{}';          -- flow_limits overrides
     k_r_ovr    int[] := '{}';
     k_p_ovr    bigint[] := '{}';
@@ -169,8 +169,8 @@ BEGIN
         EXIT WHEN v_want <= 0;
         IF v_round1 THEN
             -- Round 1: the next keys in ring order, one step each.
-            v_visit := stepready._flow_next_keys(p_tp, p_p, v_after, v_upto, GREATEST(v_want, 16));
-            IF cardinality(v_visit) = 0 THEN
+            v_batch := stepready._flow_next_keys(p_tp, p_p, v_after, v_upto, GREATEST(v_want, 16));
+            IF cardinality(v_batch) = 0 THEN
                 IF v_wrapped THEN
                     v_round1 := false;
                 ELSE
@@ -180,29 +180,32 @@ BEGIN
                 END IF;
                 CONTINUE;
             END IF;
-            v_after := v_visit[cardinality(v_visit)];
+            v_after := v_batch[cardinality(v_batch)];
             IF v_wrapped AND v_after >= p_cursor THEN
                 v_round1 := false; -- the ring is done after this batch
             END IF;
             v_q := 1;
-            -- Lock the keys' flow_state rows, then read their state: the in-flight counts, read after the
-            -- locks, see every claim committed before ours.
-            v_got := stepready._claim_flow_lock(v_visit, p_locked);
+            -- Lock the keys' flow_state rows, then read their state in a statement of its own: the in-flight
+            -- counts, read after the locks, see every claim committed before ours.
+            v_got := stepready._claim_flow_lock(v_batch, p_locked);
             p_locked := p_locked OR cardinality(v_got) > 0;
-            v_skipped := v_skipped OR cardinality(v_got) < cardinality(array_remove(v_visit, ''));
+            v_skipped := v_skipped OR cardinality(v_got) < cardinality(array_remove(v_batch, ''));
             FOR r IN SELECT f.key, f.rate_tat, f.concurrency_limit AS c_own, f.rate_limit AS r_own,
                             f.rate_period_ms AS p_own, l.concurrency_limit AS c_ovr, l.rate_limit AS r_ovr,
-                            l.rate_period_ms AS p_ovr, stepready._flow_in_flight(f.key) AS flight
+                            l.rate_period_ms AS p_ovr,
+                            (SELECT count(*) FROM stepready.steps s
+                              WHERE s.concurrency_key = f.key AND s.state IN ('enqueued', 'in_progress'))::int AS flight
                        FROM stepready.flow_state f
                        LEFT JOIN stepready.flow_limits l ON l.key = f.key
                       WHERE f.key = ANY (v_got)
                      UNION ALL
                      SELECT '', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0
-                      WHERE '' = ANY (v_visit)
+                      WHERE '' = ANY (v_batch)
             LOOP
                 k_key := k_key || r.key;
                 k_flight := k_flight || r.flight;
                 k_taken := k_taken || 0;
+                k_pass := k_pass || 0;
                 k_c_ovr := k_c_ovr || r.c_ovr;
                 k_r_ovr := k_r_ovr || r.r_ovr;
                 k_p_ovr := k_p_ovr || r.p_ovr;
@@ -215,6 +218,10 @@ BEGIN
                 k_pos_id := k_pos_id || 0::bigint;
                 k_open := k_open || true;
             END LOOP;
+            -- The batch's keys held by this claim, in ring order.
+            SELECT COALESCE(array_agg(array_position(k_key, b.key) ORDER BY b.ord), '{}') INTO v_visit
+              FROM unnest(v_batch) WITH ORDINALITY AS b(key, ord)
+             WHERE b.key = ANY (k_key);
         ELSE
             -- Later rounds: what is left, shared among the keys that gave and may give more.
             EXIT WHEN cardinality(v_prod) = 0;
@@ -222,74 +229,79 @@ BEGIN
             v_visit := v_prod;
             v_prod := '{}';
         END IF;
+        FOREACH v_i IN ARRAY v_visit LOOP
+            k_pass[v_i] := 0;
+        END LOOP;
 
-        FOREACH v_key IN ARRAY v_visit LOOP
-            v_i := array_position(k_key, v_key);
-            CONTINUE WHEN v_i IS NULL; -- held by another claim
-            v_n := 0;
-            <<take>>
-            FOR r IN SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due,
-                            s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms
-                       FROM stepready.steps s
-                      WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
-                        AND NOT s.task_held
-                        AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = v_key
-                        AND (COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id)
-                            > (k_pos_due[v_i], k_pos_id[v_i])
-                        AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
-                        AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
-                      ORDER BY COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
-                      LIMIT LEAST(v_q, v_want)
-                        FOR UPDATE SKIP LOCKED
-            LOOP
-                IF r.concurrency_key IS NOT NULL THEN
-                    k_c_own[v_i] := r.concurrency_limit;
-                    IF k_flight[v_i] + k_taken[v_i] >= COALESCE(k_c_ovr[v_i], r.concurrency_limit) THEN
-                        k_open[v_i] := false;
-                        EXIT take;
-                    END IF;
-                END IF;
-                IF r.rate_key = v_key THEN
-                    k_r_own[v_i] := r.rate_limit;
-                    k_p_own[v_i] := r.rate_period_ms;
-                    v_lim := COALESCE(k_r_ovr[v_i], r.rate_limit);
-                    v_per := COALESCE(k_p_ovr[v_i], r.rate_period_ms);
-                    SELECT t.p_allowed, t.p_new_tat INTO v_allowed, v_tat
-                      FROM stepready._flow_tokens(k_tat[v_i], v_lim, v_per, p_as_of, 1) t;
-                    IF v_allowed = 0 THEN
-                        k_wake[v_i] := stepready._flow_next_token(k_tat[v_i], v_lim, v_per, p_as_of);
-                        k_open[v_i] := false;
-                        EXIT take;
-                    END IF;
-                    k_tat[v_i] := v_tat;
-                ELSIF r.rate_key IS NOT NULL THEN
-                    -- A rate key other than the step's concurrency key: a token from its own row, if free.
-                    IF NOT stepready._claim_flow_other_token(r.rate_key, r.rate_limit, r.rate_period_ms, p_as_of) THEN
-                        k_open[v_i] := false;
-                        v_skipped := true;
-                        EXIT take;
-                    END IF;
-                END IF;
-                k_taken[v_i] := k_taken[v_i] + 1;
-                k_pos_due[v_i] := r.due;
-                k_pos_id[v_i] := r.id;
-                p_ids := p_ids || r.id;
-                p_states := p_states || r.state;
-                v_n := v_n + 1;
-            END LOOP;
-            IF v_n < LEAST(v_q, v_want) THEN
-                k_open[v_i] := false; -- no more due rows, or limited
-            END IF;
-            IF v_n > 0 THEN
-                IF v_round1 OR v_q = 1 THEN
-                    v_last := v_key;
-                END IF;
-                v_want := v_want - v_n;
-                IF k_open[v_i] THEN
-                    v_prod := v_prod || v_key;
-                END IF;
-            END IF;
+        -- The next v_q due rows of every key of the pass, after where the key was left, in ring order.
+        FOR r IN SELECT v.i, c.id, c.state, c.due, c.concurrency_key, c.concurrency_limit, c.rate_key, c.rate_limit,
+                        c.rate_period_ms
+                   FROM unnest(v_visit) WITH ORDINALITY AS v(i, ord)
+                  CROSS JOIN LATERAL (
+                        SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due,
+                               s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms
+                          FROM stepready.steps s
+                         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                           AND NOT s.task_held
+                           AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = k_key[v.i]
+                           AND (COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id)
+                               > (k_pos_due[v.i], k_pos_id[v.i])
+                           AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                           AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
+                         ORDER BY COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                         LIMIT v_q
+                           FOR UPDATE SKIP LOCKED) c
+                  ORDER BY v.ord, c.due, c.id
+        LOOP
             EXIT WHEN v_want <= 0;
+            v_i := r.i;
+            CONTINUE WHEN NOT k_open[v_i];
+            IF r.concurrency_key IS NOT NULL THEN
+                k_c_own[v_i] := r.concurrency_limit;
+                IF k_flight[v_i] + k_taken[v_i] >= COALESCE(k_c_ovr[v_i], r.concurrency_limit) THEN
+                    k_open[v_i] := false;
+                    CONTINUE;
+                END IF;
+            END IF;
+            IF r.rate_key = k_key[v_i] THEN
+                k_r_own[v_i] := r.rate_limit;
+                k_p_own[v_i] := r.rate_period_ms;
+                v_lim := COALESCE(k_r_ovr[v_i], r.rate_limit);
+                v_per := COALESCE(k_p_ovr[v_i], r.rate_period_ms);
+                SELECT t.p_allowed, t.p_new_tat INTO v_allowed, v_tat
+                  FROM stepready._flow_tokens(k_tat[v_i], v_lim, v_per, p_as_of, 1) t;
+                IF v_allowed = 0 THEN
+                    k_wake[v_i] := stepready._flow_next_token(k_tat[v_i], v_lim, v_per, p_as_of);
+                    k_open[v_i] := false;
+                    CONTINUE;
+                END IF;
+                k_tat[v_i] := v_tat;
+            ELSIF r.rate_key IS NOT NULL THEN
+                -- A rate key other than the step's concurrency key: a token from its own row, if free.
+                IF NOT stepready._claim_flow_other_token(r.rate_key, r.rate_limit, r.rate_period_ms, p_as_of) THEN
+                    k_open[v_i] := false;
+                    v_skipped := true;
+                    CONTINUE;
+                END IF;
+            END IF;
+            k_taken[v_i] := k_taken[v_i] + 1;
+            k_pass[v_i] := k_pass[v_i] + 1;
+            k_pos_due[v_i] := r.due;
+            k_pos_id[v_i] := r.id;
+            p_ids := p_ids || r.id;
+            p_states := p_states || r.state;
+            v_want := v_want - 1;
+            IF v_q = 1 THEN
+                v_last := k_key[v_i];
+            END IF;
+        END LOOP;
+        -- A key that gave less than asked has nothing more due now (or hit a limit).
+        FOREACH v_i IN ARRAY v_visit LOOP
+            IF k_open[v_i] AND k_pass[v_i] = v_q THEN
+                v_prod := v_prod || v_i;
+            ELSIF k_pass[v_i] < v_q AND v_want > 0 THEN
+                k_open[v_i] := false;
+            END IF;
         END LOOP;
     END LOOP;
 
@@ -330,7 +342,9 @@ BEGIN
     END IF;
     IF NOT p_have_locks THEN
         INSERT INTO stepready.flow_state (key)
-        SELECT k FROM unnest(v_keys) k ORDER BY k
+        SELECT k FROM unnest(v_keys) k
+         WHERE NOT EXISTS (SELECT 1 FROM stepready.flow_state f WHERE f.key = k)
+         ORDER BY k
         ON CONFLICT (key) DO NOTHING;
         SELECT array_agg(f.key) INTO v_got
           FROM (SELECT f.key FROM stepready.flow_state f WHERE f.key = ANY (v_keys) ORDER BY f.key FOR UPDATE) f;

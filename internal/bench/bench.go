@@ -50,6 +50,8 @@ type Size struct {
 	HistorySteps int
 	// SteadyRun is how long scenario 8 creates, works and prunes tasks.
 	SteadyRun time.Duration
+	// FlowClaimLarge is how many keyed steps scenario 9a claims from (against 10,000).
+	FlowClaimLarge int
 }
 
 // Sizes are the presets of cmd/bench.
@@ -57,11 +59,11 @@ var Sizes = map[string]Size{
 	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000,
 		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000,
 		CreationRun: 30 * time.Second, CreationBulkRun: 5 * time.Second, HistorySteps: 100_000,
-		SteadyRun: time.Minute},
+		SteadyRun: time.Minute, FlowClaimLarge: 100_000},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
 		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
 		CreationRun: 60 * time.Second, CreationBulkRun: 20 * time.Second, HistorySteps: 1_000_000,
-		SteadyRun: 10 * time.Minute},
+		SteadyRun: 10 * time.Minute, FlowClaimLarge: 1_000_000},
 }
 
 // Row is one line of the report.
@@ -183,6 +185,7 @@ var scenarios = []scenario{
 	{"creation", creation},
 	{"history", history},
 	{"steady state", steady},
+	{"flow control", flowControl},
 }
 
 // Print writes the report as a table.
