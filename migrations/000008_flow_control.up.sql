@@ -43,12 +43,15 @@ CREATE TABLE stepready.flow_limits (
 --             a full bucket.
 --   wake_at   when the next token arrives for a key that had claimable steps and no token at its last claim;
 --             next_flow_at reads it so that daemons wake for the token instead of polling.
+--   is_full   the last claim left claimable steps of the key behind because its concurrency limit was
+--             reached: a step of the key leaving flight then notifies the daemons (sql/040_task_status.sql).
 --   concurrency_limit, rate_limit, rate_period_ms
 --             the steps' own limits as the key's last claim applied them (shown by flow_status).
 CREATE TABLE stepready.flow_state (
     key               text PRIMARY KEY,
     rate_tat          timestamptz,
     wake_at           timestamptz,
+    is_full           bool NOT NULL DEFAULT false,
     concurrency_limit int,
     rate_limit        int,
     rate_period_ms    bigint

@@ -185,15 +185,16 @@ BEGIN
     IF v_notify IS NOT NULL THEN
         PERFORM stepready._notify_ready(v_notify);
     END IF;
-    -- A step leaving flight frees a slot of its concurrency key (SPEC §14): steps of that key waiting for it are
-    -- claimable again, though no row of theirs changed.
+    -- A step leaving flight frees a slot of its concurrency key (SPEC §14): steps of that key that the last claim
+    -- left behind for want of a slot (flow_state.is_full) are claimable again, though no row of theirs changed.
     IF EXISTS (SELECT 1 FROM old_rows o WHERE o.concurrency_key IS NOT NULL AND o.state IN ('enqueued', 'in_progress'))
     THEN
         SELECT array_agg(DISTINCT n.task_id) INTO v_notify
           FROM old_rows o
           JOIN new_rows n ON n.id = o.id
          WHERE o.concurrency_key IS NOT NULL AND o.state IN ('enqueued', 'in_progress')
-           AND n.state NOT IN ('enqueued', 'in_progress');
+           AND n.state NOT IN ('enqueued', 'in_progress')
+           AND EXISTS (SELECT 1 FROM stepready.flow_state f WHERE f.key = o.concurrency_key AND f.is_full);
         IF v_notify IS NOT NULL THEN
             PERFORM stepready._notify_ready(v_notify);
         END IF;

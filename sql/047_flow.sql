@@ -236,6 +236,11 @@ CREATE OR REPLACE FUNCTION stepready._flow_next_keys(p_tp int, p_p int, p_after 
 RETURNS text[]
 LANGUAGE plpgsql STABLE
 SET plan_cache_mode = force_generic_plan
+-- Each probe must walk steps_claim_order_idx from the previous key: a plan that reads the claimable rows of
+-- another index and sorts them costs O(claimable rows) per key (measured: 600 ms for a claim of 1,000 keys).
+SET enable_sort = off
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 DECLARE
     v_keys  text[] := '{}';

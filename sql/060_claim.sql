@@ -125,6 +125,10 @@ CREATE OR REPLACE FUNCTION stepready._claim_flow_group(
     INOUT p_ids bigint[], INOUT p_states text[], INOUT p_cursor text, INOUT p_locked bool)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+-- Every per-key read is an index probe (steps_claim_order_idx, steps_in_flight_key_idx, flow_state's key): never a
+-- plan that reads a whole index or table once statistics make the tables look small.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
 AS $$
 DECLARE
     v_want     int := p_limit - cardinality(p_ids);
@@ -135,6 +139,7 @@ DECLARE
     v_batch    text[];
     v_got      text[];
     v_visit    int[];              -- the keys of one pass, as positions in the k_ arrays
+    v_flight   jsonb;              -- key -> steps in flight, for the keys just locked
     v_prod     int[] := '{}';      -- keys that gave all a pass asked and may give more
     v_i        int;
     v_q        int;
@@ -156,6 +161,7 @@ DECLARE
     k_pos_due  timestamptz[] := '{}';  -- where the key's range was left
     k_pos_id   bigint[] := '{}';
     k_open     bool[] := '{}';         -- may give more
+    k_full     bool[] := '{}';         -- stopped by its concurrency limit
     r          record;
     v_allowed  int;
     v_tat      timestamptz;
@@ -190,20 +196,28 @@ BEGIN
             v_got := stepready._claim_flow_lock(v_batch, p_locked);
             p_locked := p_locked OR cardinality(v_got) > 0;
             v_skipped := v_skipped OR cardinality(v_got) < cardinality(array_remove(v_batch, ''));
-            FOR r IN SELECT f.key, f.rate_tat, f.concurrency_limit AS c_own, f.rate_limit AS r_own,
-                            f.rate_period_ms AS p_own, l.concurrency_limit AS c_ovr, l.rate_limit AS r_ovr,
-                            l.rate_period_ms AS p_ovr,
-                            (SELECT count(*) FROM stepready.steps s
-                              WHERE s.concurrency_key = f.key AND s.state IN ('enqueued', 'in_progress'))::int AS flight
+            v_visit := '{}';
+            -- Steps in flight of the keys locked, counted once for all of them (whatever index the planner
+            -- takes, at most one pass over the steps in flight).
+            SELECT COALESCE(jsonb_object_agg(c.key, c.n), '{}') INTO v_flight
+              FROM (SELECT s.concurrency_key AS key, count(*) AS n FROM stepready.steps s
+                     WHERE s.concurrency_key = ANY (v_got) AND s.state IN ('enqueued', 'in_progress')
+                     GROUP BY s.concurrency_key) c;
+            -- A batch is in key order ('' first when it is in it): key order is ring order.
+            FOR r IN SELECT '' AS key, NULL::timestamptz AS rate_tat, NULL::int AS c_own, NULL::int AS r_own,
+                            NULL::bigint AS p_own, NULL::int AS c_ovr, NULL::int AS r_ovr, NULL::bigint AS p_ovr, 0 AS flight
+                      WHERE v_batch[1] = ''
+                     UNION ALL
+                     SELECT f.key, f.rate_tat, f.concurrency_limit, f.rate_limit, f.rate_period_ms,
+                            l.concurrency_limit, l.rate_limit, l.rate_period_ms,
+                            COALESCE((v_flight ->> f.key)::int, 0)
                        FROM stepready.flow_state f
                        LEFT JOIN stepready.flow_limits l ON l.key = f.key
                       WHERE f.key = ANY (v_got)
-                     UNION ALL
-                     SELECT '', NULL, NULL, NULL, NULL, NULL, NULL, NULL, 0
-                      WHERE '' = ANY (v_batch)
+                     ORDER BY 1
             LOOP
                 k_key := k_key || r.key;
-                k_flight := k_flight || r.flight;
+                k_flight := k_flight || COALESCE(r.flight, 0);
                 k_taken := k_taken || 0;
                 k_pass := k_pass || 0;
                 k_c_ovr := k_c_ovr || r.c_ovr;
@@ -217,11 +231,10 @@ BEGIN
                 k_pos_due := k_pos_due || '-infinity'::timestamptz;
                 k_pos_id := k_pos_id || 0::bigint;
                 k_open := k_open || true;
+                k_full := k_full || false;
+                -- The pass visits the batch's keys held by this claim, in ring order.
+                v_visit := v_visit || cardinality(k_key);
             END LOOP;
-            -- The batch's keys held by this claim, in ring order.
-            SELECT COALESCE(array_agg(array_position(k_key, b.key) ORDER BY b.ord), '{}') INTO v_visit
-              FROM unnest(v_batch) WITH ORDINALITY AS b(key, ord)
-             WHERE b.key = ANY (k_key);
         ELSE
             -- Later rounds: what is left, shared among the keys that gave and may give more.
             EXIT WHEN cardinality(v_prod) = 0;
@@ -260,6 +273,7 @@ BEGIN
                 k_c_own[v_i] := r.concurrency_limit;
                 IF k_flight[v_i] + k_taken[v_i] >= COALESCE(k_c_ovr[v_i], r.concurrency_limit) THEN
                     k_open[v_i] := false;
+                    k_full[v_i] := true;
                     CONTINUE;
                 END IF;
             END IF;
@@ -308,11 +322,13 @@ BEGIN
     -- What changed in the keys' state (tokens, wake-up time, the limits applied), written once per key; the
     -- rows are locked by this claim, so they still hold what was read.
     UPDATE stepready.flow_state f
-       SET rate_tat = u.tat, wake_at = u.wake, concurrency_limit = u.c_own, rate_limit = u.r_own,
+       SET rate_tat = u.tat, wake_at = u.wake, is_full = u.is_full, concurrency_limit = u.c_own,
+           rate_limit = u.r_own,
            rate_period_ms = u.p_own
-      FROM unnest(k_key, k_tat, k_wake, k_c_own, k_r_own, k_p_own) AS u(key, tat, wake, c_own, r_own, p_own)
+      FROM unnest(k_key, k_tat, k_wake, k_full, k_c_own, k_r_own, k_p_own)
+           AS u(key, tat, wake, is_full, c_own, r_own, p_own)
      WHERE f.key = u.key AND u.key <> ''
-       AND (f.rate_tat IS DISTINCT FROM u.tat OR f.wake_at IS DISTINCT FROM u.wake
+       AND (f.rate_tat IS DISTINCT FROM u.tat OR f.wake_at IS DISTINCT FROM u.wake OR f.is_full <> u.is_full
             OR f.concurrency_limit IS DISTINCT FROM u.c_own OR f.rate_limit IS DISTINCT FROM u.r_own
             OR f.rate_period_ms IS DISTINCT FROM u.p_own);
 

@@ -32,7 +32,9 @@ func fillKeyed(ctx context.Context, pool *pgxpool.Pool, total, keys int, rate bo
 		fmt.Sprintf(`INSERT INTO stepready.tasks (name) SELECT 'flow' FROM generate_series(1, %d)`, total),
 		fmt.Sprintf(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit, rate_key,
 			rate_limit, rate_period_ms) SELECT g, 's', 'noop', %s FROM generate_series(1, %d) g`, flow, total),
-		`INSERT INTO stepready.flow_state (key) SELECT DISTINCT flow_key FROM stepready.steps WHERE flow_key <> ''`,
+		// As the keys' first claims leave them: the limits applied recorded.
+		`INSERT INTO stepready.flow_state (key, concurrency_limit, rate_limit, rate_period_ms)
+			SELECT DISTINCT flow_key, concurrency_limit, rate_limit, rate_period_ms FROM stepready.steps WHERE flow_key <> ''`,
 		`VACUUM ANALYZE stepready.steps`, `VACUUM ANALYZE stepready.tasks`, `VACUUM ANALYZE stepready.flow_state`,
 	} {
 		if _, err := pool.Exec(ctx, s); err != nil {
