@@ -161,7 +161,8 @@ DECLARE
     k_pos_due  timestamptz[] := '{}';  -- where the key's range was left
     k_pos_id   bigint[] := '{}';
     k_open     bool[] := '{}';         -- may give more
-    k_full     bool[] := '{}';         -- stopped by its concurrency limit
+    k_full     bool[] := '{}';         -- stopped by its concurrency limit (as read, then as found)
+    k_dirty    bool[] := '{}';         -- something to write back
     r          record;
     v_allowed  int;
     v_tat      timestamptz;
@@ -204,11 +205,12 @@ BEGIN
                      WHERE s.concurrency_key = ANY (v_got) AND s.state IN ('enqueued', 'in_progress')
                      GROUP BY s.concurrency_key) c;
             -- A batch is in key order ('' first when it is in it): key order is ring order.
-            FOR r IN SELECT '' AS key, NULL::timestamptz AS rate_tat, NULL::int AS c_own, NULL::int AS r_own,
+            FOR r IN SELECT '' AS key, NULL::timestamptz AS rate_tat, NULL::timestamptz AS wake_at, false AS is_full,
+                            NULL::int AS c_own, NULL::int AS r_own,
                             NULL::bigint AS p_own, NULL::int AS c_ovr, NULL::int AS r_ovr, NULL::bigint AS p_ovr, 0 AS flight
                       WHERE v_batch[1] = ''
                      UNION ALL
-                     SELECT f.key, f.rate_tat, f.concurrency_limit, f.rate_limit, f.rate_period_ms,
+                     SELECT f.key, f.rate_tat, f.wake_at, f.is_full, f.concurrency_limit, f.rate_limit, f.rate_period_ms,
                             l.concurrency_limit, l.rate_limit, l.rate_period_ms,
                             COALESCE((v_flight ->> f.key)::int, 0)
                        FROM stepready.flow_state f
@@ -232,6 +234,8 @@ BEGIN
                 k_pos_id := k_pos_id || 0::bigint;
                 k_open := k_open || true;
                 k_full := k_full || false;
+                -- A key read as full or waiting for a token is written back whatever happens.
+                k_dirty := k_dirty || (r.is_full OR r.wake_at IS NOT NULL);
                 -- The pass visits the batch's keys held by this claim, in ring order.
                 v_visit := v_visit || cardinality(k_key);
             END LOOP;
@@ -270,16 +274,21 @@ BEGIN
             v_i := r.i;
             CONTINUE WHEN NOT k_open[v_i];
             IF r.concurrency_key IS NOT NULL THEN
-                k_c_own[v_i] := r.concurrency_limit;
+                IF k_c_own[v_i] IS DISTINCT FROM r.concurrency_limit THEN
+                    k_c_own[v_i] := r.concurrency_limit;
+                    k_dirty[v_i] := true;
+                END IF;
                 IF k_flight[v_i] + k_taken[v_i] >= COALESCE(k_c_ovr[v_i], r.concurrency_limit) THEN
                     k_open[v_i] := false;
                     k_full[v_i] := true;
+                    k_dirty[v_i] := true;
                     CONTINUE;
                 END IF;
             END IF;
             IF r.rate_key = k_key[v_i] THEN
                 k_r_own[v_i] := r.rate_limit;
                 k_p_own[v_i] := r.rate_period_ms;
+                k_dirty[v_i] := true; -- its tokens change
                 v_lim := COALESCE(k_r_ovr[v_i], r.rate_limit);
                 v_per := COALESCE(k_p_ovr[v_i], r.rate_period_ms);
                 SELECT t.p_allowed, t.p_new_tat INTO v_allowed, v_tat
@@ -323,11 +332,11 @@ BEGIN
     -- rows are locked by this claim, so they still hold what was read.
     UPDATE stepready.flow_state f
        SET rate_tat = u.tat, wake_at = u.wake, is_full = u.is_full, concurrency_limit = u.c_own,
-           rate_limit = u.r_own,
-           rate_period_ms = u.p_own
-      FROM unnest(k_key, k_tat, k_wake, k_full, k_c_own, k_r_own, k_p_own)
-           AS u(key, tat, wake, is_full, c_own, r_own, p_own)
-     WHERE f.key = u.key AND u.key <> ''
+           rate_limit = u.r_own, rate_period_ms = u.p_own
+      FROM (SELECT x.* FROM unnest(k_key, k_tat, k_wake, k_full, k_c_own, k_r_own, k_p_own, k_dirty)
+                AS x(key, tat, wake, is_full, c_own, r_own, p_own, dirty)
+             WHERE x.dirty AND x.key <> '') u
+     WHERE f.key = u.key
        AND (f.rate_tat IS DISTINCT FROM u.tat OR f.wake_at IS DISTINCT FROM u.wake OR f.is_full <> u.is_full
             OR f.concurrency_limit IS DISTINCT FROM u.c_own OR f.rate_limit IS DISTINCT FROM u.r_own
             OR f.rate_period_ms IS DISTINCT FROM u.p_own);
