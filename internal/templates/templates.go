@@ -188,6 +188,8 @@ type definitionKeys struct {
 	IdempotencyKey any        `yaml:"idempotency_key"`
 	RunAt          any        `yaml:"run_at"`
 	Retry          *retryKeys `yaml:"retry"`
+	Concurrency    *flowKeys  `yaml:"concurrency"`
+	RateLimit      *flowKeys  `yaml:"rate_limit"`
 	Steps          []stepKeys `yaml:"steps"`
 }
 
@@ -202,6 +204,8 @@ type templateKeys struct {
 	IdempotencyKey any        `yaml:"idempotency_key"`
 	RunAt          any        `yaml:"run_at"`
 	Retry          *retryKeys `yaml:"retry"`
+	Concurrency    *flowKeys  `yaml:"concurrency"`
+	RateLimit      *flowKeys  `yaml:"rate_limit"`
 	Steps          []stepKeys `yaml:"steps"`
 }
 
@@ -230,6 +234,16 @@ type stepKeys struct {
 	Queue         any        `yaml:"queue"`
 	Priority      any        `yaml:"priority"`
 	BreakerLimit  any        `yaml:"breaker_limit"`
+	Concurrency   *flowKeys  `yaml:"concurrency"`
+	RateLimit     *flowKeys  `yaml:"rate_limit"`
+}
+
+// flowKeys is a concurrency or rate limit (SPEC §14): period_ms belongs to rate limits only, which the database
+// checks.
+type flowKeys struct {
+	Key      any `yaml:"key"`
+	Limit    any `yaml:"limit"`
+	PeriodMs any `yaml:"period_ms"`
 }
 
 // maxNodes bounds the number of values (scalars, mappings, sequences) of one template, aliases expanded.

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/steps"
 )
 
@@ -98,4 +99,131 @@ func TestFlowLimitsAcrossTwoDaemons(t *testing.T) {
 			require.Less(t, starts[9].Sub(starts[0]), 10*time.Second, "woken by the tokens' times, not the poll interval")
 		})
 	}
+}
+
+// flowTracker is a handler that records how many of its attempts run at once; each attempt waits on release
+// (closed: return at once) or for 20 ms.
+type flowTracker struct {
+	mu      sync.Mutex
+	running int
+	max     int
+	release chan struct{}
+}
+
+func (f *flowTracker) handler() steps.Handler {
+	return steps.HandlerFunc(func(ctx context.Context, s *steps.Step) (any, error) {
+		f.mu.Lock()
+		f.running++
+		f.max = max(f.max, f.running)
+		f.mu.Unlock()
+		defer func() {
+			f.mu.Lock()
+			f.running--
+			f.mu.Unlock()
+		}()
+		wait := time.After(20 * time.Millisecond)
+		if f.release != nil {
+			wait = nil
+		}
+		select {
+		case <-f.release:
+		case <-wait:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		return s.Input, nil
+	})
+}
+
+func (f *flowTracker) maxRunning() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.max
+}
+
+// flow-tenant.yaml: two imports of tenant acme never run more than two import steps at once.
+func TestPolicyFlowTenant(t *testing.T) {
+	t.Parallel()
+	for _, mode := range dispatchModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			tr := &flowTracker{}
+			b := polSetup(t, mode, nil, map[string]steps.Handler{"import": tr.handler()})
+			a, c := b.polCreate(t, "flow-tenant.yaml"), b.polCreate(t, "flow-tenant.yaml")
+			b.waitTask(t, a, polWait, "complete")
+			b.waitTask(t, c, polWait, "complete")
+			require.Equal(t, 2, tr.maxRunning(), "at most, and at some point exactly, two import steps at once")
+			var key string
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT DISTINCT concurrency_key
+				FROM stepready.steps WHERE task_id = $1`, a).Scan(&key))
+			require.Equal(t, "tenant:acme", key)
+		})
+	}
+}
+
+// flow-api-rate.yaml: two syncs (eight calls) on one bucket of 5 per second: five at once, then one every 200 ms.
+func TestPolicyFlowAPIRate(t *testing.T) {
+	t.Parallel()
+	b := polSetup(t, stepready.DispatchDirect, nil, nil)
+	a, c := b.polCreate(t, "flow-api-rate.yaml"), b.polCreate(t, "flow-api-rate.yaml")
+	b.waitTask(t, a, polWait, "complete")
+	b.waitTask(t, c, polWait, "complete")
+	rows, err := b.db.Pool.Query(context.Background(), `SELECT e.at FROM stepready.step_events e
+		JOIN stepready.steps s ON s.id = e.step_id
+		WHERE s.rate_key = 'api:partner' AND e.event = 'step.enqueued' ORDER BY e.at`)
+	require.NoError(t, err)
+	var at []time.Time
+	for rows.Next() {
+		var x time.Time
+		require.NoError(t, rows.Scan(&x))
+		at = append(at, x)
+	}
+	require.NoError(t, rows.Err())
+	require.Len(t, at, 8)
+	for i := 5; i < 8; i++ {
+		require.GreaterOrEqual(t, at[i].Sub(at[0]), time.Duration(i-4)*200*time.Millisecond-time.Millisecond,
+			"call %d came before its token", i+1)
+	}
+}
+
+// An operator lowers a tenant's limit while its steps run: from the next claim on, no new step starts until the
+// key is under the new limit, and then at most one runs at a time (`scheduler flow set tenant:acme
+// --concurrency 1` is store.SetFlowLimit).
+func TestPolicyFlowLoweredLive(t *testing.T) {
+	t.Parallel()
+	tr := &flowTracker{release: make(chan struct{})}
+	b := polSetup(t, stepready.DispatchDirect, nil, map[string]steps.Handler{"import": tr.handler()})
+	a, c := b.polCreate(t, "flow-tenant.yaml"), b.polCreate(t, "flow-tenant.yaml")
+	inFlight := func() int {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM stepready.steps
+			WHERE concurrency_key = 'tenant:acme' AND state IN ('enqueued', 'in_progress')`).Scan(&n))
+		return n
+	}
+	deadline := time.Now().Add(polWait)
+	for inFlight() < 2 {
+		require.False(t, time.Now().After(deadline), "two imports never started")
+		<-time.After(10 * time.Millisecond)
+	}
+	one := 1
+	require.NoError(t, store.SetFlowLimit(context.Background(), b.db.Pool, "tenant:acme",
+		store.FlowLimit{Concurrency: &one}))
+	tr.mu.Lock()
+	tr.max = tr.running // count from the change on
+	tr.mu.Unlock()
+	close(tr.release)
+	b.waitTask(t, a, polWait, "complete")
+	b.waitTask(t, c, polWait, "complete")
+	require.LessOrEqual(t, tr.maxRunning(), 2, "the two running at the change finish")
+	var overlapped int
+	require.NoError(t, b.db.Pool.QueryRow(context.Background(), `
+		SELECT count(*) FROM stepready.step_events s1
+		  JOIN stepready.step_events s2 ON s2.event = 'attempt.started' AND s2.step_id <> s1.step_id
+		  JOIN stepready.steps x ON x.id = s1.step_id AND x.handler = 'import'
+		  JOIN stepready.steps y ON y.id = s2.step_id AND y.handler = 'import'
+		 WHERE s1.event = 'attempt.started' AND s1.at > (SELECT max(updated_at) FROM stepready.flow_limits)
+		   AND s2.at > s1.at
+		   AND s2.at < (SELECT min(e.at) FROM stepready.step_events e
+		                 WHERE e.step_id = s1.step_id AND e.event = 'attempt.succeeded')`).Scan(&overlapped))
+	require.Zero(t, overlapped, "after the change, an import started while another one ran")
 }
