@@ -67,3 +67,21 @@ func TestFlowCommands(t *testing.T) {
 		require.Equal(t, 2, exitCode(err), "%v: %v", args, err)
 	}
 }
+
+// task show and explain name the key and the count of a step held by flow control.
+func TestFlowInTaskShowAndExplain(t *testing.T) {
+	t.Parallel()
+	b := cliSetup(t)
+	b.exec(`SELECT stepready.create_task('{"name": "t", "concurrency": {"key": "tenant:9", "limit": 1},
+		"steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h"}]}')`)
+	b.exec(`SELECT count(*) FROM stepready.claim_ready_steps(10, 'w', 60000)`)
+	stdout, stderr, err := b.run("task", "show", "1")
+	require.NoError(t, err, stderr)
+	require.Contains(t, stdout, "concurrency limited by tenant:9: 1 of 1 in flight")
+	stdout, _, err = b.run("task", "show", "1", "-o", "json")
+	require.NoError(t, err)
+	require.Contains(t, stdout, `"flow_limit": "concurrency limited by tenant:9: 1 of 1 in flight"`)
+	stdout, stderr, err = b.run("explain", "1")
+	require.NoError(t, err, stderr)
+	require.Contains(t, stdout, "concurrency limited by tenant:9: 1 of 1 in flight")
+}

@@ -108,18 +108,21 @@ type taskShow struct {
 }
 
 type stepShow struct {
-	ID            int64           `json:"id"`
-	Name          string          `json:"name"`
-	Handler       string          `json:"handler"`
-	State         string          `json:"state"`
-	Attempts      int32           `json:"attempts"`
-	MaxAttempts   *int32          `json:"max_attempts"`
-	NextAttemptAt *time.Time      `json:"next_attempt_at"`
-	Ready         bool            `json:"ready"`
-	BlockedReason *string         `json:"blocked_reason"`
-	LastError     json.RawMessage `json:"last_error"`
-	Parents       []string        `json:"parents"`
-	depth         int
+	ID            int64      `json:"id"`
+	Name          string     `json:"name"`
+	Handler       string     `json:"handler"`
+	State         string     `json:"state"`
+	Attempts      int32      `json:"attempts"`
+	MaxAttempts   *int32     `json:"max_attempts"`
+	NextAttemptAt *time.Time `json:"next_attempt_at"`
+	Ready         bool       `json:"ready"`
+	BlockedReason *string    `json:"blocked_reason"`
+	// FlowLimit is explain's message when flow control holds the step (SPEC §14): the key, and the count in
+	// flight or the time of the next token.
+	FlowLimit *string         `json:"flow_limit,omitempty"`
+	LastError json.RawMessage `json:"last_error"`
+	Parents   []string        `json:"parents"`
+	depth     int
 }
 
 func newTaskShowCommand(o *dbOptions) *cobra.Command {
@@ -175,7 +178,11 @@ func readTaskShow(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64) (
 		return nil, err
 	}
 	rows, err := tx.Query(ctx, `SELECT s.id, s.name, s.handler, s.state, s.attempts, s.max_attempts,
-			s.next_attempt_at, r.ready, r.blocked_reason, s.last_error,
+			s.next_attempt_at, r.ready, r.blocked_reason,
+			CASE WHEN r.blocked_reason IN ('concurrency_limited', 'rate_limited')
+			     THEN (SELECT x.message FROM stepready.explain_step(s.id, $2) x WHERE x.reason = r.blocked_reason)
+			END,
+			s.last_error,
 			ARRAY(SELECT p.name FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
 			       WHERE e.child_step_id = s.id ORDER BY p.id)
 		FROM stepready.steps s
@@ -186,7 +193,7 @@ func readTaskShow(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64) (
 	}
 	var s stepShow
 	_, err = pgx.ForEachRow(rows, []any{&s.ID, &s.Name, &s.Handler, &s.State, &s.Attempts, &s.MaxAttempts,
-		&s.NextAttemptAt, &s.Ready, &s.BlockedReason, &s.LastError, &s.Parents}, func() error {
+		&s.NextAttemptAt, &s.Ready, &s.BlockedReason, &s.FlowLimit, &s.LastError, &s.Parents}, func() error {
 		if s.Parents == nil {
 			s.Parents = []string{}
 		}
@@ -273,6 +280,8 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 		switch {
 		case slices.Contains(terminalStates, s.State):
 			ready = "-" // finished: readiness no longer applies
+		case s.FlowLimit != nil:
+			ready = *s.FlowLimit // names the key: "concurrency limited by tenant:7: 2 of 2 in flight"
 		case !s.Ready:
 			ready = orDash(s.BlockedReason)
 		}
