@@ -209,7 +209,7 @@ func TestOtherPages(t *testing.T) {
 		{"/templates", http.StatusOK, []string{"nightly", "name: nightly", "&lt;i&gt;x&lt;/i&gt;"}},
 		{"/policies", http.StatusOK, []string{`id="policy-standard"`, `class="attempt retry"`, "#1 &#43;1s", "#2 &#43;2s"}},
 		{"/schedules", http.StatusOK, []string{"No schedules"}},
-		{"/flow", http.StatusOK, []string{"No flow limits"}},
+		{"/flow", http.StatusOK, []string{"No flow control keys"}},
 		{"/tasks/999999", http.StatusNotFound, []string{"task 999999 does not exist"}},
 		{"/tasks/abc", http.StatusNotFound, nil},
 		{"/tasks/1?before=x", http.StatusBadRequest, nil},
@@ -226,15 +226,19 @@ func TestOtherPages(t *testing.T) {
 	}
 }
 
-func TestOptionalTablesRenderWhenPresent(t *testing.T) {
+// The flow page lists the keys of flow_status, every string escaped.
+func TestFlowPageListsKeys(t *testing.T) {
 	t.Parallel()
 	f := newFixture(t)
-	f.exec(`CREATE TABLE stepready.flow_limits (key text PRIMARY KEY, max_running int)`)
-	f.exec(`INSERT INTO stepready.flow_limits VALUES ('<tenant>', 4)`)
+	f.exec(`SELECT stepready.create_task('{"name": "t", "concurrency": {"key": "<tenant>", "limit": 1},
+		"steps": [{"name": "a", "handler": "noop"}, {"name": "b", "handler": "noop"}]}')`)
+	f.exec(`SELECT count(*) FROM stepready.claim_ready_steps(10, 'w', 60000)`)
+	f.exec(`SELECT stepready.set_flow_limit('api', NULL, 5, 1000)`)
 	status, body, _ := f.get("/flow")
 	require.Equal(t, http.StatusOK, status, body)
-	require.Contains(t, body, "<th>max_running</th>")
-	require.Contains(t, body, "<td>&lt;tenant&gt;</td><td>4</td>")
+	require.Contains(t, body, "<th>in flight</th>")
+	require.Contains(t, body, "<td>&lt;tenant&gt;</td><td>1</td><td>1</td><td>-</td><td>-</td><td>-</td><td>1</td><td>concurrency_limited</td><td>no</td>")
+	require.Contains(t, body, "<td>api</td><td>-</td><td>0</td><td>5 per 1s</td><td>5.00</td><td>-</td><td>0</td><td>-</td><td>yes</td>")
 }
 
 func TestLiveEventReachesTheStream(t *testing.T) {

@@ -603,15 +603,6 @@ func (c *Console) schedulesPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "table", "Schedules", "schedules", t)
 }
 
-func (c *Console) flowPage(w http.ResponseWriter, r *http.Request) {
-	t, err := c.optionalTable(r, "stepready.flow_limits",
-		"No flow limits: flow limits arrive with flow control (SPEC §14); none is defined in this database.")
-	if err != nil {
-		c.fail(w, "flow limits", err)
-		return
-	}
-	c.render(w, r, "table", "Flow limits", "flow", t)
-}
 
 // funcs are the templates' helpers.
 var funcs = template.FuncMap{
