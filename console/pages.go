@@ -603,7 +603,6 @@ func (c *Console) schedulesPage(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, "table", "Schedules", "schedules", t)
 }
 
-
 // funcs are the templates' helpers.
 var funcs = template.FuncMap{
 	"rel": func(now time.Time, t *time.Time) string {

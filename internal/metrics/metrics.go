@@ -22,10 +22,10 @@ type Metrics struct {
 	queueReady, queueInFlight, queueWaiting, queueDueSoon, queueLag *prometheus.GaugeVec
 	// Flow control (SPEC §14) by reason, never by key: set by the elected instance only.
 	flowSteps, flowKeys *prometheus.GaugeVec
-	claimLatency                                                    prometheus.Histogram
-	readyToStart                                                    prometheus.Histogram
-	attemptDuration                                                 prometheus.Histogram
-	inFlight                                                        prometheus.Gauge
+	claimLatency        prometheus.Histogram
+	readyToStart        prometheus.Histogram
+	attemptDuration     prometheus.Histogram
+	inFlight            prometheus.Gauge
 }
 
 // New creates the collectors and registers them with reg (nil: not registered anywhere).
