@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepready/stepready"
@@ -44,31 +43,6 @@ func fillKeyed(ctx context.Context, pool *pgxpool.Pool, total, keys int, rate bo
 	return nil
 }
 
-// timeClaims times claim_ready_steps(100) in rolled-back transactions, median of n runs.
-func timeClaims(ctx context.Context, pool *pgxpool.Pool, n int) (time.Duration, error) {
-	var ds []time.Duration
-	for range n {
-		tx, err := pool.BeginTx(ctx, pgx.TxOptions{})
-		if err != nil {
-			return 0, err
-		}
-		begin := time.Now()
-		var k int
-		err = tx.QueryRow(ctx, `SELECT count(*) FROM stepready.claim_ready_steps(100, 'bench', 30000)`).Scan(&k)
-		ds = append(ds, time.Since(begin))
-		if rbErr := tx.Rollback(ctx); err == nil {
-			err = rbErr
-		}
-		if err != nil {
-			return 0, err
-		}
-		if k != 100 {
-			return 0, fmt.Errorf("claimed %d, want 100", k)
-		}
-	}
-	return median(ds), nil
-}
-
 func flowControl(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	measure := func(total, keys int, rate bool) (time.Duration, error) {
 		pool, _, err := env.NewDB(ctx, 4)
@@ -83,7 +57,7 @@ func flowControl(ctx context.Context, env *Env, size Size) ([]Row, error) {
 		} else if err := fillKeyed(ctx, pool, total, keys, rate); err != nil {
 			return 0, err
 		}
-		return timeClaims(ctx, pool, 30)
+		return timeClaim(ctx, pool, 30)
 	}
 	small, err := measure(flowKeys, flowKeys, false)
 	if err != nil {
