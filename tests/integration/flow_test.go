@@ -424,3 +424,30 @@ func (b *lcBundle) attemptOf(stepID int64) int {
 	b.t.Helper()
 	return b.intCall(`SELECT attempts FROM stepready.steps WHERE id = $1`, stepID)
 }
+
+// A keyed claim reads about as many index entries and rows as the keys it visits, whatever the table holds: the
+// same claim of 20 steps over 20 of 200 keys reads the same with 50 or 500 steps per key (a scan would read ten
+// times more).
+func TestFlowClaimCostFollowsKeysVisited(t *testing.T) {
+	t.Parallel()
+	read := func(perKey int) int64 {
+		b := lcSetup(t)
+		b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
+		b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
+			SELECT 1, 's' || g, 'h', 'k' || lpad((g % 200)::text, 3, '0'), 100 FROM generate_series(1, $1) g`, 200*perKey)
+		b.exec(`VACUUM ANALYZE stepready.steps`)
+		conn := b.db.Conn(t)
+		// Once to create the keys' flow_state rows and plan the statements.
+		_, err := conn.Exec(b.ctx, `BEGIN; SELECT count(*) FROM stepready.claim_ready_steps(20, 'w', 60000); ROLLBACK`)
+		require.NoError(t, err)
+		before := p1StepsTuplesRead(t, conn)
+		var n int
+		require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM stepready.claim_ready_steps(20, 'w', 60000)`).Scan(&n))
+		require.Equal(t, 20, n)
+		return p1StepsTuplesRead(t, conn) - before
+	}
+	small, large := read(50), read(500)
+	t.Logf("tuples of steps read by a claim of 20 over 20 keys: %d with 10,000 steps, %d with 100,000", small, large)
+	require.LessOrEqual(t, large, 2*small+50, "a keyed claim read more as the table grew")
+	require.LessOrEqual(t, large, int64(20*20), "a keyed claim read far more than the keys it visits")
+}
