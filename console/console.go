@@ -6,7 +6,7 @@
 // reason comes from stepready.explain_task, the backlog from stepready.queue_stats). Assets are embedded; the
 // pages read correctly with JavaScript off, and a small script swaps the task page's content when its task has
 // a new event (server-sent events on /events, fed by one poller per process, see live.go). The console is
-// read-only: it has no action.
+// read-only unless started with actions and a token (actions.go).
 package console
 
 import (
@@ -52,6 +52,13 @@ type Options struct {
 
 	// PollInterval is how often the live poller looks for new step events (0: 300 ms).
 	PollInterval time.Duration
+
+	// AllowActions serves the operator actions (task cancel, pause, resume, reset; step retry, resolve) to
+	// browsers signed in with Token. New refuses AllowActions without a Token.
+	AllowActions bool
+
+	// Token signs a browser in (login form or `Authorization: Bearer TOKEN`).
+	Token string
 }
 
 // Console is the console's HTTP handler. Close stops its live poller.
@@ -61,6 +68,7 @@ type Console struct {
 	tmpl   map[string]*template.Template
 	mux    *http.ServeMux
 	live   *hub
+	auth   *auth           // nil: read-only
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
 }
@@ -74,7 +82,17 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 	if c.log == nil {
 		c.log = slog.Default()
 	}
-	for _, page := range []string{"tasks", "task", "step", "templates", "policies", "table"} {
+	if opts.AllowActions {
+		if opts.Token == "" {
+			return nil, ErrNoToken
+		}
+		a, err := newAuth(opts.Token)
+		if err != nil {
+			return nil, err
+		}
+		c.auth = a
+	}
+	for _, page := range []string{"tasks", "task", "step", "templates", "policies", "table", "login"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html",
 			"templates/"+page+".html")
 		if err != nil {
@@ -107,6 +125,13 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 	mux.HandleFunc("GET /schedules", c.schedulesPage)
 	mux.HandleFunc("GET /flow", c.flowPage)
 	mux.HandleFunc("GET /events", c.events)
+	if c.auth != nil {
+		mux.HandleFunc("GET /login", c.loginPage)
+		mux.HandleFunc("POST /login", c.login)
+		mux.HandleFunc("POST /logout", c.logout)
+		mux.HandleFunc("POST /tasks/{id}/{action}", c.taskAction)
+		mux.HandleFunc("POST /tasks/{id}/steps/{step}/{action}", c.stepAction)
+	}
 	c.mux = mux
 	return c, nil
 }
@@ -121,6 +146,9 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.Set("X-Content-Type-Options", "nosniff")
 	h.Set("Referrer-Policy", "no-referrer")
 	h.Set("X-Frame-Options", "DENY")
+	if bearer, session := c.auth.who(r); bearer && !session {
+		c.auth.setSession(w, r) // a browser that sent the token as a header browses on with the cookie
+	}
 	c.mux.ServeHTTP(w, r)
 }
 
@@ -135,10 +163,13 @@ func (c *Console) healthz(w http.ResponseWriter, r *http.Request) {
 
 // page is what every page's layout needs.
 type page struct {
-	Title  string
-	Nav    string
-	Queues []queueStat
-	Data   any
+	Title   string
+	Nav     string
+	Queues  []queueStat
+	Actions actionsView
+	Flash   *flash
+	Path    string
+	Data    any
 }
 
 // queueStat is one row of stepready.queue_stats.
@@ -153,7 +184,8 @@ type queueStat struct {
 
 // render writes page name with the header's backlog.
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title, nav string, data any) {
-	p := page{Title: title, Nav: nav, Data: data}
+	p := page{Title: title, Nav: nav, Data: data, Actions: c.actionsView(r), Flash: takeFlash(w, r),
+		Path: r.URL.Path}
 	rows, err := c.pool.Query(r.Context(), q("queue_stats"), nil)
 	if err == nil {
 		p.Queues, err = pgx.CollectRows(rows, pgx.RowToStructByPos[queueStat])

@@ -178,6 +178,7 @@ type taskData struct {
 	Next     string
 	Timeline timeline
 	Now      time.Time
+	Act      actionsView
 }
 
 // pathID reads path value name as a positive id, answering 404 when it is not one.
@@ -202,6 +203,7 @@ func (c *Console) taskPage(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var d taskData
+	d.Act = c.actionsView(r)
 	err := c.pool.QueryRow(ctx, `SELECT now()`).Scan(&d.Now)
 	if err == nil {
 		row, _ := c.pool.Query(ctx, q("task"), id)
@@ -356,6 +358,7 @@ type stepData struct {
 	Attempts []attemptRow
 	Events   []stepEvent
 	Reasons  []reasonRow
+	Act      actionsView
 }
 
 func (c *Console) stepPage(w http.ResponseWriter, r *http.Request) {
@@ -369,6 +372,7 @@ func (c *Console) stepPage(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	var d stepData
+	d.Act = c.actionsView(r)
 	row, err := c.pool.Query(ctx, q("step"), taskID, stepID)
 	if err == nil {
 		d.Step, err = pgx.CollectExactlyOneRow(row, pgx.RowToStructByPos[stepInfo])

@@ -1,13 +1,26 @@
 -- Operator functions (SPEC §9). Each one audits itself in step_events and refuses impossible transitions with
 -- SQLSTATE 55000 and a message naming the task or step and its state.
 
+-- The details of an operator event, with who acted when the caller said so: a session or transaction setting
+-- stepready.actor (the web console sets 'ui', the CLI 'cli') becomes details.actor. The functions' signatures
+-- stay as SPEC §9 has them.
+CREATE OR REPLACE FUNCTION stepready._operator_details(p_details jsonb)
+RETURNS jsonb
+LANGUAGE sql STABLE
+AS $$
+    SELECT COALESCE(p_details, '{}')
+           || CASE WHEN COALESCE(current_setting('stepready.actor', true), '') = '' THEN '{}'::jsonb
+                   ELSE jsonb_build_object('actor', current_setting('stepready.actor', true)) END;
+$$;
+
+-- Appends a task-level operator event (details.actor added, see _operator_details).
 CREATE OR REPLACE FUNCTION stepready._log_task(p_task_id bigint, p_event text, p_details jsonb, p_at timestamptz)
 RETURNS void
 LANGUAGE plpgsql
 AS $$
 BEGIN
     INSERT INTO stepready.step_events (task_id, event, details, at)
-    VALUES (p_task_id, p_event, COALESCE(p_details, '{}'), COALESCE(p_at, clock_timestamp()));
+    VALUES (p_task_id, p_event, stepready._operator_details(p_details), COALESCE(p_at, clock_timestamp()));
 END;
 $$;
 
@@ -146,8 +159,8 @@ BEGIN
         PERFORM stepready._refuse(format('cannot retry step %s ("%s"): it is %s', s.id, s.name, s.state));
     END IF;
     PERFORM stepready._log(n, 'operator.retry_now', s.state, n.state,
-        jsonb_build_object('previous_next_attempt_at', s.next_attempt_at, 'previous_max_attempts', s.max_attempts,
-                           'previous_retryable', s.retryable), p_as_of);
+        stepready._operator_details(jsonb_build_object('previous_next_attempt_at', s.next_attempt_at,
+            'previous_max_attempts', s.max_attempts, 'previous_retryable', s.retryable)), p_as_of);
     RETURN true;
 END;
 $$;
@@ -175,7 +188,7 @@ BEGIN
     RETURNING * INTO n;
     PERFORM stepready._log(n, 'step.resolved', s.state, 'resolved_manually', '{}', p_as_of);
     PERFORM stepready._log(n, 'operator.resolve', s.state, 'resolved_manually',
-        jsonb_build_object('output', p_output), p_as_of);
+        stepready._operator_details(jsonb_build_object('output', p_output)), p_as_of);
     RETURN true;
 END;
 $$;
@@ -208,7 +221,7 @@ BEGIN
            SET state = 'pending', attempts = 0, next_attempt_at = NULL, breaker_fingerprint = NULL,
                breaker_count = 0
          WHERE id = s.id;
-        PERFORM stepready._log(s, 'operator.reset', s.state, 'pending', '{}', p_as_of);
+        PERFORM stepready._log(s, 'operator.reset', s.state, 'pending', stepready._operator_details('{}'), p_as_of);
         k := k + 1;
     END LOOP;
     PERFORM stepready._log_task(t.id, 'operator.reset',

@@ -1,0 +1,277 @@
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Actions (SPEC §16): task cancel, pause, resume and reset, step retry and resolve, each through the SQL operator
+// function of SPEC §9 with details.actor = "ui". They exist only when the console is started with actions
+// allowed and a token; a browser signs in with the token (form or bearer header) and gets an HttpOnly,
+// SameSite=Strict session cookie; every form carries a CSRF token bound to that session.
+
+// ErrNoToken is returned by New when actions are allowed without a token.
+var ErrNoToken = errors.New("console: actions need a token (--ui-token or STEPREADY_UI_TOKEN)")
+
+const (
+	sessionCookie = "stepready_session"
+	flashCookie   = "stepready_flash"
+)
+
+// auth holds the token's derived secrets. Sessions are an HMAC of the token under a key drawn at start: the
+// cookie never holds the token, and a restart signs everyone out.
+type auth struct {
+	token   []byte
+	session string // the session cookie's value
+	csrf    string // the CSRF token of that session
+}
+
+func newAuth(token string) (*auth, error) {
+	key := make([]byte, 32)
+	if _, err := rand.Read(key); err != nil {
+		return nil, fmt.Errorf("console: session key: %w", err)
+	}
+	mac := func(parts ...string) string {
+		h := hmac.New(sha256.New, key)
+		for _, p := range parts {
+			h.Write([]byte(p))
+			h.Write([]byte{0})
+		}
+		return hex.EncodeToString(h.Sum(nil))
+	}
+	s := mac("session", token)
+	return &auth{token: []byte(token), session: s, csrf: mac("csrf", s)}, nil
+}
+
+func equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+// who tells how a request is authenticated: by a bearer token (no CSRF needed: a browser never sends one on its
+// own) or by the session cookie.
+func (a *auth) who(r *http.Request) (bearer, session bool) {
+	if a == nil {
+		return false, false
+	}
+	if h := r.Header.Get("Authorization"); strings.HasPrefix(h, "Bearer ") {
+		if subtle.ConstantTimeCompare([]byte(strings.TrimPrefix(h, "Bearer ")), a.token) == 1 {
+			return true, false
+		}
+	}
+	if ck, err := r.Cookie(sessionCookie); err == nil && equal(ck.Value, a.session) {
+		return false, true
+	}
+	return false, false
+}
+
+// setSession gives the browser the session cookie.
+func (a *auth) setSession(w http.ResponseWriter, r *http.Request) {
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: a.session, Path: "/", HttpOnly: true,
+		SameSite: http.SameSiteStrictMode, Secure: r.TLS != nil})
+}
+
+// actionsView is what the pages need to draw the actions: nothing unless signed in.
+type actionsView struct {
+	Enabled  bool   // the console allows actions (a sign-in link is shown when not signed in)
+	SignedIn bool   // forms are drawn
+	CSRF     string // the forms' hidden csrf field
+}
+
+func (c *Console) actionsView(r *http.Request) actionsView {
+	if c.auth == nil {
+		return actionsView{}
+	}
+	bearer, session := c.auth.who(r)
+	return actionsView{Enabled: true, SignedIn: bearer || session, CSRF: c.auth.csrf}
+}
+
+// flash is a one-time message shown on the next page: the outcome of an action.
+type flash struct {
+	Error   bool   `json:"error,omitempty"`
+	Message string `json:"message"`
+}
+
+func setFlash(w http.ResponseWriter, f flash) {
+	b, _ := json.Marshal(f)
+	http.SetCookie(w, &http.Cookie{Name: flashCookie, Value: base64.RawURLEncoding.EncodeToString(b), Path: "/",
+		HttpOnly: true, SameSite: http.SameSiteStrictMode, MaxAge: 60})
+}
+
+// takeFlash reads and clears the flash message.
+func takeFlash(w http.ResponseWriter, r *http.Request) *flash {
+	ck, err := r.Cookie(flashCookie)
+	if err != nil {
+		return nil
+	}
+	http.SetCookie(w, &http.Cookie{Name: flashCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode})
+	b, err := base64.RawURLEncoding.DecodeString(ck.Value)
+	if err != nil {
+		return nil
+	}
+	var f flash
+	if json.Unmarshal(b, &f) != nil || f.Message == "" {
+		return nil
+	}
+	return &f
+}
+
+// localPath is p when it is a path of this console ("/…", not "//…"), else "/".
+func localPath(p string) string {
+	if strings.HasPrefix(p, "/") && !strings.HasPrefix(p, "//") && !strings.HasPrefix(p, "/\\") {
+		return p
+	}
+	return "/"
+}
+
+type loginData struct {
+	Next  string
+	Error string
+}
+
+func (c *Console) loginPage(w http.ResponseWriter, r *http.Request) {
+	c.render(w, r, "login", "Sign in", "", loginData{Next: localPath(r.URL.Query().Get("next"))})
+}
+
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	next := localPath(r.PostFormValue("next"))
+	if subtle.ConstantTimeCompare([]byte(r.PostFormValue("token")), c.auth.token) != 1 {
+		w.WriteHeader(http.StatusUnauthorized)
+		c.render(w, r, "login", "Sign in", "", loginData{Next: next, Error: "That token is not the console's."})
+		return
+	}
+	c.auth.setSession(w, r)
+	http.Redirect(w, r, next, http.StatusSeeOther)
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	if !c.authorized(w, r) {
+		return
+	}
+	http.SetCookie(w, &http.Cookie{Name: sessionCookie, Value: "", Path: "/", MaxAge: -1, HttpOnly: true,
+		SameSite: http.SameSiteStrictMode})
+	http.Redirect(w, r, "/", http.StatusSeeOther)
+}
+
+// authorized answers 403 unless the request is signed in (bearer, or session cookie with the CSRF token).
+func (c *Console) authorized(w http.ResponseWriter, r *http.Request) bool {
+	bearer, session := c.auth.who(r)
+	if bearer || (session && equal(r.PostFormValue("csrf"), c.auth.csrf)) {
+		return true
+	}
+	http.Error(w, "forbidden: sign in to act (and send the form's csrf field)", http.StatusForbidden)
+	return false
+}
+
+// An action: the SQL operator call and the message of its success.
+type action struct {
+	sql  string
+	done string
+}
+
+var taskActions = map[string]action{
+	"cancel": {`SELECT stepready.cancel_task($1, 'cancelled from the web console')`, "task %d cancelled"},
+	"pause":  {`SELECT stepready.pause_task($1)`, "task %d paused"},
+	"resume": {`SELECT stepready.resume_task($1)`, "task %d resumed"},
+	"reset":  {`SELECT stepready.reset_task($1)`, "task %d reset: its failed, skipped and cancelled steps run again"},
+}
+
+var stepActions = map[string]action{
+	"retry":   {`SELECT stepready.retry_step_now($1)`, "step %d will be retried now"},
+	"resolve": {`SELECT stepready.resolve_step($1, $2::jsonb)`, "step %d resolved by hand"},
+}
+
+func (c *Console) taskAction(w http.ResponseWriter, r *http.Request) {
+	id, ok := pathID(w, r, "id")
+	if !ok {
+		return
+	}
+	a, known := taskActions[r.PathValue("action")]
+	if !known {
+		http.NotFound(w, r)
+		return
+	}
+	if !c.authorized(w, r) {
+		return
+	}
+	c.runAction(w, r, fmt.Sprintf("/tasks/%d", id), fmt.Sprintf(a.done, id), a.sql, id)
+}
+
+func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
+	taskID, ok := pathID(w, r, "id")
+	if !ok {
+		return
+	}
+	stepID, ok := pathID(w, r, "step")
+	if !ok {
+		return
+	}
+	a, known := stepActions[r.PathValue("action")]
+	if !known {
+		http.NotFound(w, r)
+		return
+	}
+	if !c.authorized(w, r) {
+		return
+	}
+	back := fmt.Sprintf("/tasks/%d/steps/%d", taskID, stepID)
+	args := []any{stepID}
+	if r.PathValue("action") == "resolve" {
+		out := strings.TrimSpace(r.PostFormValue("output"))
+		if !json.Valid([]byte(out)) {
+			setFlash(w, flash{Error: true, Message: "the output must be a JSON document (for example {\"ok\": true} or null)"})
+			http.Redirect(w, r, back, http.StatusSeeOther)
+			return
+		}
+		args = append(args, out)
+	}
+	c.runAction(w, r, back, fmt.Sprintf(a.done, stepID), a.sql, args...)
+}
+
+// runAction calls the operator function in a transaction that names the actor, and sends the browser back to
+// back with the outcome: a refusal of the database is a message, not an error page.
+func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done, sql string, args ...any) {
+	err := pgx.BeginFunc(r.Context(), c.pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(r.Context(), `SELECT set_config('stepready.actor', 'ui', true)`); err != nil {
+			return err
+		}
+		_, err := tx.Exec(r.Context(), sql, args...)
+		return err
+	})
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		c.log.Info("console: action", "what", done)
+		setFlash(w, flash{Message: done})
+	case errors.As(err, &pgErr) && refusal(pgErr.Code):
+		setFlash(w, flash{Error: true, Message: "refused: " + pgErr.Message})
+	default:
+		if errors.Is(err, context.Canceled) {
+			return
+		}
+		c.log.Error("console: action failed", "what", done, "err", err)
+		setFlash(w, flash{Error: true, Message: "the action failed (see the console's log)"})
+	}
+	http.Redirect(w, r, back, http.StatusSeeOther)
+}
+
+// refusal says whether a SQLSTATE is the operator functions' way of saying no: an impossible transition
+// (55000), an unknown task or step (P0002), a bad argument (22023, 22P02) or a check (23514).
+func refusal(code string) bool {
+	switch code {
+	case "55000", "P0002", "22023", "22P02", "23514":
+		return true
+	}
+	return false
+}
