@@ -256,6 +256,9 @@ func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done, 
 		setFlash(w, flash{Message: done})
 	case errors.As(err, &pgErr) && refusal(pgErr.Code):
 		setFlash(w, flash{Error: true, Message: "refused: " + pgErr.Message})
+		if pgErr.Code == "P0002" {
+			back = "/" // the task or step is gone: its page would be a 404
+		}
 	default:
 		if errors.Is(err, context.Canceled) {
 			return

@@ -161,3 +161,86 @@ func TestBrowserEscapingAndPages(t *testing.T) {
 	require.Equal(t, 3, marks)
 	screenshot(t, ctx, "console-policies.png")
 }
+
+// With actions and the token: sign in through the form, click "Retry now" on the failed step, and the step row
+// changes in the database.
+func TestBrowserRetryAction(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	f := newActionsFixture(t)
+	id := f.createTask(`{"name": "t", "steps": [{"name": "a", "handler": "noop", "retry": {"max_attempts": 1}}]}`)
+	step := f.stepID(id, "a")
+	f.fail(id, "a", "boom")
+	state, _, _ := f.stepRow(step)
+	require.Equal(t, "error", state)
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(fmt.Sprintf("%s/tasks/%d", f.srv.URL, id)),
+		chromedp.WaitVisible("#signin"),
+		chromedp.Click("#signin"),
+		chromedp.WaitVisible(`input[name="token"]`),
+		chromedp.SendKeys(`input[name="token"]`, testToken),
+		chromedp.Submit(`input[name="token"]`),
+		chromedp.WaitVisible("button.retry"),
+	))
+	screenshot(t, ctx, "console-actions.png")
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click("button.retry"), chromedp.WaitVisible("#flash")))
+	flashText, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("flash").textContent`))
+	require.NoError(t, err)
+	require.Equal(t, fmt.Sprintf("step %d will be retried now", step), flashText)
+
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		state, attempts, maxAttempts := f.stepRow(step)
+		if state != "error" {
+			require.Contains(t, []string{"pending", "waiting_for_retry"}, state, "ready again")
+			require.Equal(t, 1, attempts)
+			require.Equal(t, 2, maxAttempts, "exactly one more attempt")
+			break
+		}
+		require.False(t, time.Now().After(deadline), "the step is still %s", state)
+		<-time.After(20 * time.Millisecond)
+	}
+}
+
+// Without the token the retry button is absent, and a POST forged from the page is refused: by a read-only
+// console (no such route) and by a console with actions whose visitor has not signed in.
+func TestBrowserNoTokenNoAction(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	for _, withActions := range []bool{false, true} {
+		var srvURL string
+		var task, step int64
+		var stateOf func() string
+		if withActions {
+			f := newActionsFixture(t)
+			task = f.createTask(`{"name": "t", "steps": [{"name": "a", "handler": "noop", "retry": {"max_attempts": 1}}]}`)
+			step = f.stepID(task, "a")
+			f.fail(task, "a", "boom")
+			srvURL = f.srv.URL
+			stateOf = func() string { s, _, _ := f.stepRow(step); return s }
+		} else {
+			f := newFixture(t)
+			task = f.createTask(`{"name": "t", "steps": [{"name": "a", "handler": "noop", "retry": {"max_attempts": 1}}]}`)
+			step = f.stepID(task, "a")
+			f.fail(task, "a", "boom")
+			srvURL = f.srv.URL
+			stateOf = func() string {
+				var s string
+				require.NoError(t, f.pool.QueryRow(t.Context(), `SELECT state FROM stepready.steps WHERE id = $1`, step).Scan(&s))
+				return s
+			}
+		}
+		require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/tasks/%d", srvURL, task)),
+			chromedp.WaitVisible("#steps")))
+		buttons, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("button.retry, form").length`))
+		require.NoError(t, err)
+		require.Zero(t, buttons, "actions %v: a form without the token", withActions)
+		status, err := chromedp.Run(ctx, chromedp.Evaluate[int](fmt.Sprintf(`fetch("/tasks/%d/steps/%d/retry", {
+			method: "POST", headers: {"Content-Type": "application/x-www-form-urlencoded"}, body: "csrf=forged"
+		}).then(r => r.status)`, task, step), chromedp.EvalAwaitPromise))
+		require.NoError(t, err)
+		require.Contains(t, []int{403, 404, 405}, status, "actions %v: the forged POST", withActions)
+		require.Equal(t, "error", stateOf(), "actions %v: the forged POST changed the step", withActions)
+	}
+}

@@ -208,7 +208,7 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 var runFlags = []string{"allow-exec", "concurrency", "database-url", "dispatch", "lease", "metrics-addr",
 	"poll-interval", "poll-only", "prune-interval", "reap-interval", "retention-complete", "retention-failed",
 	"shutdown-grace", "worker-id", "http-deny-private", "http-allow-hosts", "max-output-bytes", "sql-database-url",
-	"ui-addr"}
+	"ui-addr", "ui-allow-actions", "ui-token"}
 
 func TestRunHasExactlyTheDocumentedFlags(t *testing.T) {
 	t.Parallel()

@@ -26,6 +26,7 @@ type runParams struct {
 	databaseURL string
 	metricsAddr string
 	uiAddr      string
+	uiActions   uiActionFlags
 	allowExec   bool
 	daemon      daemonFlags
 }
@@ -45,6 +46,9 @@ func newRunCommand(opts *globalOptions) *cobra.Command {
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if err := p.daemon.validate(); err != nil {
+				return err
+			}
+			if _, err := p.uiActions.options(nil); err != nil {
 				return err
 			}
 			if _, err := opts.logger(); err != nil {
@@ -68,7 +72,8 @@ func newRunCommand(opts *globalOptions) *cobra.Command {
 	p.daemon.register(fs, stepready.DispatchRiver)
 	fs.StringVar(&p.metricsAddr, "metrics-addr", "",
 		"listen address (host:port) of the HTTP server with /metrics (Prometheus) and /healthz; empty: none")
-	fs.StringVar(&p.uiAddr, "ui-addr", "", "listen address (host:port) of the web console (read-only); empty: none")
+	fs.StringVar(&p.uiAddr, "ui-addr", "", "listen address (host:port) of the web console; empty: none")
+	p.uiActions.register(fs)
 	fs.BoolVar(&p.allowExec, "allow-exec", false,
 		"enable the exec handler: steps may run programs on this host as this user")
 	return cmd
@@ -103,7 +108,11 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 	stopUI := func() error { return nil }
 	if p.uiAddr != "" {
 		var where string
-		if stopUI, where, err = serveConsole(ctx, pool, p.uiAddr, logger); err != nil {
+		copts, err := p.uiActions.options(logger)
+		if err != nil {
+			return err
+		}
+		if stopUI, where, err = serveConsole(ctx, pool, p.uiAddr, copts); err != nil {
 			return err
 		}
 		logger.Info("scheduler: console listening", slog.String("url", where))

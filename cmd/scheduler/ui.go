@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -11,19 +12,46 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/stepready/stepready/console"
 )
 
-// newUICommand builds `scheduler ui`: the web console (SPEC §16) on its own, read-only.
+// uiActionFlags are the console's action flags, on `scheduler ui` and `scheduler run`.
+type uiActionFlags struct {
+	allow bool
+	token string
+}
+
+func (f *uiActionFlags) register(fs *pflag.FlagSet) {
+	fs.BoolVar(&f.allow, "ui-allow-actions", false,
+		"let signed-in browsers act in the console: task cancel, pause, resume, reset; step retry, resolve")
+	fs.StringVar(&f.token, "ui-token", "", "the token that signs a browser in to the console (needed by --ui-allow-actions)")
+	setDefaultText(fs, "ui-token", "none")
+}
+
+// options returns the console's options, refusing actions without a token.
+func (f *uiActionFlags) options(logger *slog.Logger) (console.Options, error) {
+	if f.allow && f.token == "" {
+		return console.Options{}, usagef("--ui-allow-actions needs a token: --ui-token or STEPREADY_UI_TOKEN")
+	}
+	return console.Options{Logger: logger, AllowActions: f.allow, Token: f.token}, nil
+}
+
+// newUICommand builds `scheduler ui`: the web console (SPEC §16) on its own, read-only unless actions are
+// allowed.
 func newUICommand(opts *globalOptions) *cobra.Command {
 	var dbURL, addr string
+	var actions uiActionFlags
 	cmd := &cobra.Command{
 		Use:   "ui",
-		Short: "Serve the web console (read-only) on --addr",
+		Short: "Serve the web console on --addr (read-only unless --ui-allow-actions)",
 		Long: "Serve the web console: tasks, a task's DAG, steps, attempts and events, templates, retry policies,\n" +
 			"schedules and flow limits, with live updates of an open task page. It binds to loopback by default.\n" +
-			"The same console is served by `scheduler run --ui-addr` and by `scheduler demo`.",
+			"The same console is served by `scheduler run --ui-addr` and by `scheduler demo` (read-only).\n\n" +
+			"With --ui-allow-actions and a token (--ui-token or STEPREADY_UI_TOKEN), a browser that signs in with\n" +
+			"the token may cancel, pause, resume and reset tasks and retry and resolve steps; the database role\n" +
+			"then needs stepready_operator's rights. Every action is an operator event with details.actor = \"ui\".",
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			url, err := databaseURL(dbURL)
@@ -34,12 +62,16 @@ func newUICommand(opts *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
+			copts, err := actions.options(logger)
+			if err != nil {
+				return err
+			}
 			pool, err := openPool(cmd.Context(), url, 4)
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			stop, where, err := serveConsole(cmd.Context(), pool, addr, logger)
+			stop, where, err := serveConsole(cmd.Context(), pool, addr, copts)
 			if err != nil {
 				return err
 			}
@@ -51,14 +83,16 @@ func newUICommand(opts *globalOptions) *cobra.Command {
 	cmd.Flags().StringVar(&dbURL, "database-url", "", "PostgreSQL URL of the stepready database")
 	setDefaultText(cmd.Flags(), "database-url", "none")
 	cmd.Flags().StringVar(&addr, "addr", console.DefaultAddr, "address the console listens on (host:port)")
+	actions.register(cmd.Flags())
 	return cmd
 }
 
 // serveConsole listens on addr and serves the console over pool until stop is called (or ctx ends). It returns
 // the console's URL.
-func serveConsole(ctx context.Context, pool *pgxpool.Pool, addr string, logger *slog.Logger) (
+func serveConsole(ctx context.Context, pool *pgxpool.Pool, addr string, opts console.Options) (
 	stop func() error, url string, err error) {
-	c, err := console.New(pool, console.Options{Logger: logger})
+	logger := cmp.Or(opts.Logger, slog.Default())
+	c, err := console.New(pool, opts)
 	if err != nil {
 		return nil, "", err
 	}
@@ -87,7 +121,8 @@ func (o *globalOptions) demoConsole(ctx context.Context, pool *pgxpool.Pool, add
 	if addr == "" {
 		return nil
 	}
-	stop, url, err := serveConsole(ctx, pool, addr, logger)
+	// The demo's console is read-only: it runs on a throwaway database with no token to give anyone.
+	stop, url, err := serveConsole(ctx, pool, addr, console.Options{Logger: logger})
 	if err != nil {
 		fmt.Fprintf(o.stdout, "console: not started (%v); pass --ui-addr to choose another address\n\n", err)
 		return nil
