@@ -85,4 +85,3 @@ func TestFlowInTaskShowAndExplain(t *testing.T) {
 	require.NoError(t, err, stderr)
 	require.Contains(t, stdout, "concurrency limited by tenant:9: 1 of 1 in flight")
 }
-
