@@ -63,7 +63,13 @@ func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	conn, err := pgx.Connect(ctx, url)
+	cfg, err := pgx.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("connect to the database: %w", err)
+	}
+	// Operator events of this session record who acted (sql/090_operators.sql, _operator_details).
+	cfg.RuntimeParams["stepready.actor"] = "cli"
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the database: %w", err)
 	}

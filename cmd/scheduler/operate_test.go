@@ -34,6 +34,10 @@ func TestOperatorCommandsPrintWhatChanged(t *testing.T) {
 	step("step", "resolve", "2", "--output", `{"tracking": "none"}`)
 	requireGolden(t, "operate", transcript.String())
 	_ = ship
+	// Every operator event of the CLI says who acted.
+	require.Zero(t, b.int64(`SELECT count(*) FROM stepready.step_events WHERE event LIKE 'operator.%'
+		AND details ->> 'actor' IS DISTINCT FROM 'cli'`))
+	require.Positive(t, b.int64(`SELECT count(*) FROM stepready.step_events WHERE details ->> 'actor' = 'cli'`))
 
 	// Refusals: the database's message, exit status 1.
 	_, _, err := b.run("step", "resolve", "2", "--output", `{}`)
