@@ -126,6 +126,7 @@ func TestSignInAndOut(t *testing.T) {
 
 	csrf := f.signIn()
 	status, body = f.page("/")
+	require.Equal(t, http.StatusOK, status)
 	require.Contains(t, body, "Sign out")
 	// Logout needs the CSRF token.
 	status, _ = f.post("/logout", url.Values{})
