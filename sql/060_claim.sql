@@ -142,6 +142,7 @@ DECLARE
     v_flight   jsonb;              -- key -> steps in flight, for the keys just locked
     v_prod     int[] := '{}';      -- keys that gave all a pass asked and may give more
     v_i        int;
+    v_n        int;
     v_q        int;
     v_skipped  bool := false;
     v_last     text;
@@ -197,7 +198,6 @@ BEGIN
             v_got := stepready._claim_flow_lock(v_batch, p_locked);
             p_locked := p_locked OR cardinality(v_got) > 0;
             v_skipped := v_skipped OR cardinality(v_got) < cardinality(array_remove(v_batch, ''));
-            v_visit := '{}';
             -- Steps in flight of the keys locked, counted once for all of them (whatever index the planner
             -- takes, at most one pass over the steps in flight).
             SELECT COALESCE(jsonb_object_agg(c.key, c.n), '{}') INTO v_flight
@@ -205,40 +205,46 @@ BEGIN
                      WHERE s.concurrency_key = ANY (v_got) AND s.state IN ('enqueued', 'in_progress')
                      GROUP BY s.concurrency_key) c;
             -- A batch is in key order ('' first when it is in it): key order is ring order.
-            FOR r IN SELECT '' AS key, NULL::timestamptz AS rate_tat, NULL::timestamptz AS wake_at, false AS is_full,
-                            NULL::int AS c_own, NULL::int AS r_own,
-                            NULL::bigint AS p_own, NULL::int AS c_ovr, NULL::int AS r_ovr, NULL::bigint AS p_ovr, 0 AS flight
-                      WHERE v_batch[1] = ''
-                     UNION ALL
-                     SELECT f.key, f.rate_tat, f.wake_at, f.is_full, f.concurrency_limit, f.rate_limit, f.rate_period_ms,
-                            l.concurrency_limit, l.rate_limit, l.rate_period_ms,
-                            COALESCE((v_flight ->> f.key)::int, 0)
-                       FROM stepready.flow_state f
-                       LEFT JOIN stepready.flow_limits l ON l.key = f.key
-                      WHERE f.key = ANY (v_got)
-                     ORDER BY 1
-            LOOP
-                k_key := k_key || r.key;
-                k_flight := k_flight || COALESCE(r.flight, 0);
-                k_taken := k_taken || 0;
-                k_pass := k_pass || 0;
-                k_c_ovr := k_c_ovr || r.c_ovr;
-                k_r_ovr := k_r_ovr || r.r_ovr;
-                k_p_ovr := k_p_ovr || r.p_ovr;
-                k_tat := k_tat || r.rate_tat;
-                k_wake := k_wake || NULL::timestamptz;
-                k_c_own := k_c_own || r.c_own;
-                k_r_own := k_r_own || r.r_own;
-                k_p_own := k_p_own || r.p_own;
-                k_pos_due := k_pos_due || '-infinity'::timestamptz;
-                k_pos_id := k_pos_id || 0::bigint;
-                k_open := k_open || true;
-                k_full := k_full || false;
-                -- A key read as full or waiting for a token is written back whatever happens.
-                k_dirty := k_dirty || (r.is_full OR r.wake_at IS NOT NULL);
-                -- The pass visits the batch's keys held by this claim, in ring order.
-                v_visit := v_visit || cardinality(k_key);
-            END LOOP;
+            -- The keys' state as arrays, appended in one step each (a loop appending per key costs more).
+            SELECT cardinality(k_key) INTO v_i;
+            SELECT k_key || array_agg(x.key ORDER BY x.key),
+                   k_flight || array_agg(x.flight ORDER BY x.key),
+                   k_c_ovr || array_agg(x.c_ovr ORDER BY x.key),
+                   k_r_ovr || array_agg(x.r_ovr ORDER BY x.key),
+                   k_p_ovr || array_agg(x.p_ovr ORDER BY x.key),
+                   k_tat || array_agg(x.rate_tat ORDER BY x.key),
+                   k_c_own || array_agg(x.c_own ORDER BY x.key),
+                   k_r_own || array_agg(x.r_own ORDER BY x.key),
+                   k_p_own || array_agg(x.p_own ORDER BY x.key),
+                   -- A key read as full or waiting for a token is written back whatever happens.
+                   k_dirty || array_agg(x.is_full OR x.wake_at IS NOT NULL ORDER BY x.key),
+                   count(*)::int
+              INTO k_key, k_flight, k_c_ovr, k_r_ovr, k_p_ovr, k_tat, k_c_own, k_r_own, k_p_own, k_dirty, v_n
+              FROM (SELECT '' AS key, NULL::timestamptz AS rate_tat, NULL::timestamptz AS wake_at,
+                           false AS is_full, NULL::int AS c_own, NULL::int AS r_own, NULL::bigint AS p_own,
+                           NULL::int AS c_ovr, NULL::int AS r_ovr, NULL::bigint AS p_ovr, 0 AS flight
+                     WHERE v_batch[1] = ''
+                    UNION ALL
+                    SELECT f.key, f.rate_tat, f.wake_at, f.is_full, f.concurrency_limit, f.rate_limit,
+                           f.rate_period_ms, l.concurrency_limit, l.rate_limit, l.rate_period_ms,
+                           COALESCE((v_flight ->> f.key)::int, 0)
+                      FROM stepready.flow_state f
+                      LEFT JOIN stepready.flow_limits l ON l.key = f.key
+                     WHERE f.key = ANY (v_got)) x;
+            k_key := COALESCE(k_key, '{}');
+            IF v_n > 0 THEN
+                -- The per-key counters of the new keys, and the pass's visit: the new positions, in ring order.
+                k_taken := k_taken || array_fill(0, ARRAY[v_n]);
+                k_pass := k_pass || array_fill(0, ARRAY[v_n]);
+                k_wake := k_wake || array_fill(NULL::timestamptz, ARRAY[v_n]);
+                k_pos_due := k_pos_due || array_fill('-infinity'::timestamptz, ARRAY[v_n]);
+                k_pos_id := k_pos_id || array_fill(0::bigint, ARRAY[v_n]);
+                k_open := k_open || array_fill(true, ARRAY[v_n]);
+                k_full := k_full || array_fill(false, ARRAY[v_n]);
+                v_visit := ARRAY(SELECT generate_series(v_i + 1, v_i + v_n));
+            ELSE
+                v_visit := '{}';
+            END IF;
         ELSE
             -- Later rounds: what is left, shared among the keys that gave and may give more.
             EXIT WHEN cardinality(v_prod) = 0;
