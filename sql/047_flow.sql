@@ -334,9 +334,10 @@ AS $$
     SELECT EXISTS (SELECT 1 FROM d);
 $$;
 
--- Every key known to flow control at p_as_of: keys with an override and keys claimed before. Limits: the
--- override, else the steps' own as the key's last claim applied them; waiting: claimable steps (apart from flow
--- control) whose fairness key it is; blocked: NULL, 'concurrency_limited' or 'rate_limited'. Reads every
+-- Every key known to flow control at p_as_of: keys with an override, keys claimed before and keys with steps
+-- waiting. Limits: the override, else the steps' own as the key's last claim applied them (for a key never
+-- claimed, the largest of its waiting steps'); waiting: claimable steps (apart from flow control) whose fairness
+-- key it is; blocked: NULL, 'concurrency_limited' or 'rate_limited'. Reads every
 -- claimable keyed row once (the claim index), for the CLI, the console and the leader's gauges.
 CREATE OR REPLACE FUNCTION stepready.flow_status(p_as_of timestamptz DEFAULT now())
 RETURNS TABLE (
@@ -353,7 +354,10 @@ RETURNS TABLE (
 LANGUAGE sql STABLE
 AS $$
     WITH w AS (
-        SELECT s.flow_key AS key, count(*)::int AS waiting
+        SELECT s.flow_key AS key, count(*)::int AS waiting,
+               max(s.concurrency_limit) FILTER (WHERE s.concurrency_key = s.flow_key) AS c_limit,
+               max(s.rate_limit) FILTER (WHERE s.rate_key = s.flow_key) AS r_limit,
+               max(s.rate_period_ms) FILTER (WHERE s.rate_key = s.flow_key) AS r_period
           FROM stepready.steps s
          WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
            AND s.flow_key <> ''
@@ -361,9 +365,9 @@ AS $$
            AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
          GROUP BY s.flow_key
     ), e AS (
-        SELECT k.key, COALESCE(l.concurrency_limit, f.concurrency_limit) AS c_limit,
-               COALESCE(l.rate_limit, f.rate_limit) AS r_limit,
-               COALESCE(l.rate_period_ms, f.rate_period_ms) AS r_period,
+        SELECT k.key, COALESCE(l.concurrency_limit, f.concurrency_limit, w.c_limit) AS c_limit,
+               COALESCE(l.rate_limit, f.rate_limit, w.r_limit) AS r_limit,
+               COALESCE(l.rate_period_ms, f.rate_period_ms, w.r_period) AS r_period,
                f.rate_tat, l.key IS NOT NULL AS overridden,
                stepready._flow_in_flight(k.key) AS in_flight, COALESCE(w.waiting, 0) AS waiting
           FROM (SELECT f.key FROM stepready.flow_state f UNION SELECT l.key FROM stepready.flow_limits l

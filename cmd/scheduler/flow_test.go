@@ -54,6 +54,13 @@ func TestFlowCommands(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, "flow key api had no override\n", stdout)
 
+	// A key never claimed shows its steps' limit.
+	b.exec(`SELECT stepready.create_task('{"name": "v", "concurrency": {"key": "fresh", "limit": 4},
+		"steps": [{"name": "a", "handler": "h"}]}')`)
+	stdout, _, err = b.run("flow", "list")
+	require.NoError(t, err)
+	require.Regexp(t, `(?m)^fresh\s+4\s+0\s+-\s+-\s+-\s+1\s+-\s+no$`, stdout)
+
 	for _, args := range [][]string{
 		{"flow", "set", "k"},
 		{"flow", "set", "k", "--concurrency", "0"},
