@@ -2,7 +2,7 @@
 // served by `scheduler ui`, `scheduler run --ui-addr` and `scheduler demo`.
 //
 // Every page is HTML rendered by html/template (so every task name, context, input, output and error message
-// is escaped) from the read model in queries.sql; the scheduling rules are never re-derived in Go (a step's
+// is escaped) from the read model (internal/readmodel, shared with the CLI); the scheduling rules are never re-derived in Go (a step's
 // reason comes from stepready.explain_task, the backlog from stepready.queue_stats). Assets are embedded; the
 // pages read correctly with JavaScript off, and a small script swaps the task page's content when its task has
 // a new event (server-sent events on /events, fed by one poller per process, see live.go). The console is
@@ -23,6 +23,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 //go:embed templates/*.html
@@ -186,7 +188,7 @@ type queueStat struct {
 func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title, nav string, data any) {
 	p := page{Title: title, Nav: nav, Data: data, Actions: c.actionsView(r), Flash: takeFlash(w, r),
 		Path: r.URL.Path}
-	rows, err := c.pool.Query(r.Context(), q("queue_stats"), nil)
+	rows, err := c.pool.Query(r.Context(), readmodel.Query("queue_stats"), nil)
 	if err == nil {
 		p.Queues, err = pgx.CollectRows(rows, pgx.RowToStructByPos[queueStat])
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepready/stepready/internal/readmodel"
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
 
@@ -286,7 +287,7 @@ func TestQueueStats(t *testing.T) {
 		Ready, InFlight, Waiting, DueMinute int64
 		Oldest                              *float64
 	}
-	rows, err := f.pool.Query(t.Context(), q("queue_stats"), nil)
+	rows, err := f.pool.Query(t.Context(), readmodel.Query("queue_stats"), nil)
 	require.NoError(t, err)
 	var got []stat
 	for rows.Next() {

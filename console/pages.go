@@ -13,6 +13,8 @@ import (
 
 	"github.com/goccy/go-yaml"
 	"github.com/jackc/pgx/v5"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // taskStatuses are the values of tasks.status, in the order the filter offers them.
@@ -64,7 +66,7 @@ func (c *Console) tasksPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	ctx := r.Context()
-	rows, err := c.pool.Query(ctx, q("tasks"), optText(d.Status), optText(d.Name), optText(d.Namespace), after,
+	rows, err := c.pool.Query(ctx, readmodel.Query("tasks"), optText(d.Status), optText(d.Name), optText(d.Namespace), after,
 		pageSize+1)
 	if err == nil {
 		d.Tasks, err = pgx.CollectRows(rows, pgx.RowToStructByPos[taskRow])
@@ -85,14 +87,14 @@ func (c *Console) tasksPage(w http.ResponseWriter, r *http.Request) {
 		d.Next = "/?" + next.Encode()
 	}
 	var estimate int64
-	if err := c.pool.QueryRow(ctx, q("task_count_estimate")).Scan(&estimate); err != nil {
+	if err := c.pool.QueryRow(ctx, readmodel.Query("task_count_estimate")).Scan(&estimate); err != nil {
 		c.fail(w, "task count", err)
 		return
 	}
 	d.Estimated = estimate > estimateThreshold
-	counts := q("status_counts")
+	counts := readmodel.Query("status_counts")
 	if d.Estimated {
-		counts = q("status_estimates")
+		counts = readmodel.Query("status_estimates")
 	}
 	rows, err = c.pool.Query(ctx, counts)
 	if err == nil {
@@ -206,7 +208,7 @@ func (c *Console) taskPage(w http.ResponseWriter, r *http.Request) {
 	d.Act = c.actionsView(r)
 	err := c.pool.QueryRow(ctx, `SELECT now()`).Scan(&d.Now)
 	if err == nil {
-		row, _ := c.pool.Query(ctx, q("task"), id)
+		row, _ := c.pool.Query(ctx, readmodel.Query("task"), id)
 		d.Task, err = pgx.CollectExactlyOneRow(row, pgx.RowToStructByPos[taskInfo])
 	}
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -217,13 +219,13 @@ func (c *Console) taskPage(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, "task", err)
 		return
 	}
-	rows, err := c.pool.Query(ctx, q("steps"), id, d.Now)
+	rows, err := c.pool.Query(ctx, readmodel.Query("steps"), id, d.Now)
 	if err == nil {
 		d.Steps, err = pgx.CollectRows(rows, pgx.RowToStructByPos[stepRow])
 	}
 	var edges [][2]int64
 	if err == nil {
-		rows, err = c.pool.Query(ctx, q("edges"), id)
+		rows, err = c.pool.Query(ctx, readmodel.Query("edges"), id)
 		if err == nil {
 			edges, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) ([2]int64, error) {
 				var e [2]int64
@@ -232,14 +234,14 @@ func (c *Console) taskPage(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	if err == nil {
-		rows, err = c.pool.Query(ctx, q("events"), id, before, pageSize+1)
+		rows, err = c.pool.Query(ctx, readmodel.Query("events"), id, before, pageSize+1)
 		if err == nil {
 			d.Events, err = pgx.CollectRows(rows, pgx.RowToStructByPos[eventRow])
 		}
 	}
 	var attempts []attemptRow
 	if err == nil {
-		rows, err = c.pool.Query(ctx, q("attempts"), id, nil)
+		rows, err = c.pool.Query(ctx, readmodel.Query("attempts"), id, nil)
 		if err == nil {
 			attempts, err = pgx.CollectRows(rows, pgx.RowToStructByPos[attemptRow])
 		}
@@ -373,7 +375,7 @@ func (c *Console) stepPage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	var d stepData
 	d.Act = c.actionsView(r)
-	row, err := c.pool.Query(ctx, q("step"), taskID, stepID)
+	row, err := c.pool.Query(ctx, readmodel.Query("step"), taskID, stepID)
 	if err == nil {
 		d.Step, err = pgx.CollectExactlyOneRow(row, pgx.RowToStructByPos[stepInfo])
 	}
@@ -383,18 +385,18 @@ func (c *Console) stepPage(w http.ResponseWriter, r *http.Request) {
 	}
 	if err == nil {
 		var rows pgx.Rows
-		rows, err = c.pool.Query(ctx, q("attempts"), taskID, stepID)
+		rows, err = c.pool.Query(ctx, readmodel.Query("attempts"), taskID, stepID)
 		if err == nil {
 			d.Attempts, err = pgx.CollectRows(rows, pgx.RowToStructByPos[attemptRow])
 		}
 		if err == nil {
-			rows, err = c.pool.Query(ctx, q("step_events"), stepID)
+			rows, err = c.pool.Query(ctx, readmodel.Query("step_events"), stepID)
 			if err == nil {
 				d.Events, err = pgx.CollectRows(rows, pgx.RowToStructByPos[stepEvent])
 			}
 		}
 		if err == nil {
-			rows, err = c.pool.Query(ctx, q("explain_step"), stepID, nil)
+			rows, err = c.pool.Query(ctx, readmodel.Query("explain_step"), stepID, nil)
 			if err == nil {
 				d.Reasons, err = pgx.CollectRows(rows, pgx.RowToStructByPos[reasonRow])
 			}
@@ -416,7 +418,7 @@ type templateRow struct {
 }
 
 func (c *Console) templatesPage(w http.ResponseWriter, r *http.Request) {
-	rows, err := c.pool.Query(r.Context(), q("templates"))
+	rows, err := c.pool.Query(r.Context(), readmodel.Query("templates"))
 	var list []templateRow
 	if err == nil {
 		list, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (templateRow, error) {
@@ -483,7 +485,7 @@ type policyMark struct {
 
 func (c *Console) policiesPage(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
-	rows, err := c.pool.Query(ctx, q("policies"))
+	rows, err := c.pool.Query(ctx, readmodel.Query("policies"))
 	var list []policyRow
 	if err == nil {
 		list, err = pgx.CollectRows(rows, func(row pgx.CollectableRow) (policyRow, error) {
@@ -496,7 +498,7 @@ func (c *Console) policiesPage(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			break
 		}
-		rows, err = c.pool.Query(ctx, q("policy_timeline"), list[i].Name)
+		rows, err = c.pool.Query(ctx, readmodel.Query("policy_timeline"), list[i].Name)
 		var sim []simAttempt
 		if err == nil {
 			sim, err = pgx.CollectRows(rows, pgx.RowToStructByPos[simAttempt])
@@ -547,7 +549,7 @@ type genericTable struct {
 // it says so with empty.
 func (c *Console) optionalTable(r *http.Request, rel, empty string) (genericTable, error) {
 	t := genericTable{Empty: empty}
-	if err := c.pool.QueryRow(r.Context(), q("regclass"), rel).Scan(&t.Exists); err != nil || !t.Exists {
+	if err := c.pool.QueryRow(r.Context(), readmodel.Query("regclass"), rel).Scan(&t.Exists); err != nil || !t.Exists {
 		return t, err
 	}
 	// rel is one of the console's constants, never user input.

@@ -7,6 +7,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // newExplainCommand builds `scheduler explain`: why each step of a task (or one step) is not ready, every
@@ -115,7 +117,7 @@ func explain(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64, isStep
 	taskID := id
 	var stepIDs []int64
 	if isStep {
-		if err := tx.QueryRow(ctx, `SELECT task_id FROM stepready.steps WHERE id = $1`, id).Scan(&taskID); err != nil {
+		if err := tx.QueryRow(ctx, readmodel.Query("step_task"), id).Scan(&taskID); err != nil {
 			if err == pgx.ErrNoRows {
 				return nil, fmt.Errorf("step %d does not exist", id)
 			}
@@ -123,7 +125,7 @@ func explain(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64, isStep
 		}
 		stepIDs = []int64{id}
 	}
-	err = tx.QueryRow(ctx, `SELECT id, name, status, paused FROM stepready.tasks WHERE id = $1`, taskID).
+	err = tx.QueryRow(ctx, readmodel.Query("explain_task_row"), taskID).
 		Scan(&r.TaskID, &r.TaskName, &r.TaskStatus, &r.TaskPaused)
 	if err == pgx.ErrNoRows {
 		return nil, fmt.Errorf("task %d does not exist", taskID)
@@ -131,8 +133,7 @@ func explain(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64, isStep
 		return nil, err
 	}
 
-	rows, err := tx.Query(ctx, `SELECT step_id, name, state, attempts, max_attempts, ready
-		FROM stepready.step_readiness(ARRAY[$1]::bigint[], $2, $3)`, taskID, stepIDs, asOf)
+	rows, err := tx.Query(ctx, readmodel.Query("explain_readiness"), taskID, stepIDs, asOf)
 	if err != nil {
 		return nil, err
 	}
@@ -150,11 +151,9 @@ func explain(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64, isStep
 		return nil, err
 	}
 
-	query := `SELECT step_id, reason, message, parent_step_id, parent_name, parent_state, parent_attempts,
-		parent_max_attempts, next_attempt_at, wait_ms FROM stepready.explain_task($1, $2)`
+	query := readmodel.Query("explain_reasons_task")
 	if isStep {
-		query = `SELECT step_id, reason, message, parent_step_id, parent_name, parent_state, parent_attempts,
-		parent_max_attempts, next_attempt_at, wait_ms FROM stepready.explain_step($1, $2)`
+		query = readmodel.Query("explain_reasons_step")
 	}
 	rows, err = tx.Query(ctx, query, id, asOf)
 	if err != nil {

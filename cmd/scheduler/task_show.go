@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // Inspection: `scheduler task list`, `task show` and `task events`. Readiness and the execution status come from
@@ -61,11 +63,7 @@ func newTaskListCommand(o *dbOptions) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				rows, err := tx.Query(cmd.Context(), `SELECT t.id, t.name, t.namespace, t.status, t.paused,
-						(SELECT count(*)::int FROM stepready.steps s WHERE s.task_id = t.id), t.created_at, t.updated_at
-					FROM stepready.tasks t
-					WHERE ($1 = '' OR t.status = $1) AND ($2 = '' OR t.name = $2)
-					ORDER BY t.id DESC LIMIT $3`, status, name, limit)
+				rows, err := tx.Query(cmd.Context(), readmodel.Query("task_list"), status, name, limit)
 				if err != nil {
 					return err
 				}
@@ -167,9 +165,7 @@ func readTaskShow(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64) (
 		return nil, err
 	}
 	show := &taskShow{AsOf: now, StepList: []stepShow{}}
-	err = tx.QueryRow(ctx, `SELECT t.id, t.name, t.namespace, t.status, t.paused, c.total_steps, t.created_at,
-			t.updated_at, c.execution_status, c.next_attempt_at, t.run_at
-		FROM stepready.tasks t CROSS JOIN stepready.task_execution_context(t.id, $2) c WHERE t.id = $1`, id, now).
+	err = tx.QueryRow(ctx, readmodel.Query("task_show_header"), id, now).
 		Scan(&show.ID, &show.Name, &show.Namespace, &show.Status, &show.Paused, &show.Steps, &show.CreatedAt,
 			&show.UpdatedAt, &show.ExecutionStatus, &show.NextAttemptAt, &show.RunAt)
 	if err == pgx.ErrNoRows {
@@ -177,17 +173,7 @@ func readTaskShow(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64) (
 	} else if err != nil {
 		return nil, err
 	}
-	rows, err := tx.Query(ctx, `SELECT s.id, s.name, s.handler, s.state, s.attempts, s.max_attempts,
-			s.next_attempt_at, r.ready, r.blocked_reason,
-			CASE WHEN r.blocked_reason IN ('concurrency_limited', 'rate_limited')
-			     THEN (SELECT x.message FROM stepready.explain_step(s.id, $2) x WHERE x.reason = r.blocked_reason)
-			END,
-			s.last_error,
-			ARRAY(SELECT p.name FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
-			       WHERE e.child_step_id = s.id ORDER BY p.id)
-		FROM stepready.steps s
-		JOIN stepready.step_readiness(ARRAY[$1]::bigint[], NULL, $2) r ON r.step_id = s.id
-		ORDER BY s.id`, id, now)
+	rows, err := tx.Query(ctx, readmodel.Query("task_show_steps"), id, now)
 	if err != nil {
 		return nil, err
 	}
@@ -336,17 +322,13 @@ func newTaskEventsCommand(o *dbOptions) *cobra.Command {
 			}
 			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
 				var exists bool
-				if err := conn.QueryRow(cmd.Context(), `SELECT EXISTS (SELECT 1 FROM stepready.tasks WHERE id = $1)`,
-					id).Scan(&exists); err != nil {
+				if err := conn.QueryRow(cmd.Context(), readmodel.Query("task_exists"), id).Scan(&exists); err != nil {
 					return err
 				}
 				if !exists {
 					return fmt.Errorf("task %d does not exist", id)
 				}
-				rows, err := conn.Query(cmd.Context(), `SELECT e.id, e.at, e.step_id, s.name, e.attempt, e.iteration,
-						e.event, e.from_state, e.to_state, e.details, to_char(e.at, 'YYYY-MM-DD HH24:MI:SS.MS')
-					FROM stepready.step_events e LEFT JOIN stepready.steps s ON s.id = e.step_id
-					WHERE e.task_id = $1 ORDER BY e.id`, id)
+				rows, err := conn.Query(cmd.Context(), readmodel.Query("task_timeline"), id)
 				if err != nil {
 					return err
 				}

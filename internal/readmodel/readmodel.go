@@ -1,4 +1,8 @@
-package console
+// Package readmodel holds what operators read, once: every query behind the web console's pages, the CLI's
+// `task list`, `task show`, `task events` and `explain`, kept in queries.sql (STYLE: one read model, many faces).
+// The faces only render: the scheduling rules stay in SQL (explain_task, step_readiness, queue_stats,
+// flow_status), never re-derived here or in them.
+package readmodel
 
 import (
 	_ "embed"
@@ -29,10 +33,10 @@ func mustParseQueries(text string) map[string]string {
 			flush()
 			name = strings.TrimSpace(rest)
 			if name == "" {
-				panic("console: queries.sql: empty query name")
+				panic("readmodel: queries.sql: empty query name")
 			}
 			if _, dup := out[name]; dup {
-				panic(fmt.Sprintf("console: queries.sql: query %q twice", name))
+				panic(fmt.Sprintf("readmodel: queries.sql: query %q twice", name))
 			}
 			continue
 		}
@@ -43,11 +47,12 @@ func mustParseQueries(text string) map[string]string {
 	return out
 }
 
-// q returns the query named name; it panics on an unknown name (a programming mistake).
-func q(name string) string {
+// Query returns the query named name; it panics on an unknown name (a programming mistake every test of its
+// caller catches).
+func Query(name string) string {
 	s, ok := queries[name]
 	if !ok {
-		panic(fmt.Sprintf("console: no query %q in queries.sql", name))
+		panic(fmt.Sprintf("readmodel: no query %q in queries.sql", name))
 	}
 	return s
 }

@@ -1,5 +1,8 @@
--- The console's read model: every query the console runs, by name. The console renders what these return; no
--- scheduling rule is re-derived in Go (reasons come from stepready.explain_task, the backlog from queue_stats).
+-- The read model (package readmodel): every query behind what an operator sees, by name, for the web console
+-- and the CLI. They render what these return; no scheduling rule is re-derived in Go (reasons come from
+-- stepready.explain_task and step_readiness, the backlog from queue_stats, flow control from flow_status).
+
+-- The console's pages.
 
 -- name: tasks
 -- A page of tasks, newest first, keyset-paginated on id (no OFFSET): $1 status, $2 name, $3 namespace
@@ -127,3 +130,67 @@ SELECT to_regclass($1) IS NOT NULL;
 
 -- name: last_event
 SELECT COALESCE(max(ev.id), 0) FROM stepready.step_events ev WHERE ev.task_id = $1;
+
+-- The CLI: `task list`, `task show`, `task events`, `explain`.
+
+-- name: task_list
+-- Newest first: $1 status ('' = any), $2 name ('' = any), $3 limit.
+SELECT t.id, t.name, t.namespace, t.status, t.paused,
+       (SELECT count(*)::int FROM stepready.steps s WHERE s.task_id = t.id), t.created_at, t.updated_at
+  FROM stepready.tasks t
+ WHERE ($1 = '' OR t.status = $1) AND ($2 = '' OR t.name = $2)
+ ORDER BY t.id DESC LIMIT $3;
+
+-- name: task_show_header
+-- Task $1 with its execution context at $2.
+SELECT t.id, t.name, t.namespace, t.status, t.paused, c.total_steps, t.created_at, t.updated_at, c.execution_status,
+       c.next_attempt_at, t.run_at
+  FROM stepready.tasks t CROSS JOIN stepready.task_execution_context(t.id, $2) c
+ WHERE t.id = $1;
+
+-- name: task_show_steps
+-- The steps of task $1 with step_readiness at $2; for a step held by flow control (SPEC §14), explain's message
+-- naming the key; its parents' names.
+SELECT s.id, s.name, s.handler, s.state, s.attempts, s.max_attempts, s.next_attempt_at, r.ready, r.blocked_reason,
+       CASE WHEN r.blocked_reason IN ('concurrency_limited', 'rate_limited')
+            THEN (SELECT x.message FROM stepready.explain_step(s.id, $2) x WHERE x.reason = r.blocked_reason)
+       END,
+       s.last_error,
+       ARRAY(SELECT p.name FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
+              WHERE e.child_step_id = s.id ORDER BY p.id)
+  FROM stepready.steps s
+  JOIN stepready.step_readiness(ARRAY[$1]::bigint[], NULL, $2) r ON r.step_id = s.id
+ ORDER BY s.id;
+
+-- name: task_exists
+SELECT EXISTS (SELECT 1 FROM stepready.tasks WHERE id = $1);
+
+-- name: task_timeline
+-- Every event of task $1, oldest first.
+SELECT e.id, e.at, e.step_id, s.name, e.attempt, e.iteration, e.event, e.from_state, e.to_state, e.details,
+       to_char(e.at, 'YYYY-MM-DD HH24:MI:SS.MS')
+  FROM stepready.step_events e LEFT JOIN stepready.steps s ON s.id = e.step_id
+ WHERE e.task_id = $1 ORDER BY e.id;
+
+-- name: step_task
+SELECT task_id FROM stepready.steps WHERE id = $1;
+
+-- name: explain_task_row
+SELECT id, name, status, paused FROM stepready.tasks WHERE id = $1;
+
+-- name: explain_readiness
+-- The steps of task $1 ($2: these steps only, NULL = all) and whether each is ready at $3.
+SELECT step_id, name, state, attempts, max_attempts, ready
+  FROM stepready.step_readiness(ARRAY[$1]::bigint[], $2, $3);
+
+-- name: explain_reasons_task
+-- Every reason of every step of task $1 at $2, in precedence order.
+SELECT step_id, reason, message, parent_step_id, parent_name, parent_state, parent_attempts, parent_max_attempts,
+       next_attempt_at, wait_ms
+  FROM stepready.explain_task($1, $2);
+
+-- name: explain_reasons_step
+-- Every reason of step $1 at $2, in precedence order.
+SELECT step_id, reason, message, parent_step_id, parent_name, parent_state, parent_attempts, parent_max_attempts,
+       next_attempt_at, wait_ms
+  FROM stepready.explain_step($1, $2);
