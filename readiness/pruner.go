@@ -28,10 +28,10 @@ const (
 	prunePause = 50 * time.Millisecond
 )
 
-// Pruner deletes finished tasks older than their retention (SPEC §13) every Interval, on whichever instance
-// wins the advisory lock of each batch: one instance deletes at a time however many daemons run. A round deletes
-// in batches of Batch until a batch comes back short, each batch its own transaction with a timeout, with a short
-// jittered pause between batches.
+// Pruner deletes finished tasks older than their retention (SPEC §13), then the state of idle flow control keys
+// (SPEC §14), every Interval, on whichever instance wins the advisory lock of each batch: one instance deletes at
+// a time however many daemons run. A round deletes in batches of Batch until a batch comes back short, each
+// batch its own transaction with a timeout, with a short jittered pause between batches.
 type Pruner struct {
 	// Pool is the database. Required.
 	Pool *pgxpool.Pool
@@ -42,7 +42,7 @@ type Pruner struct {
 	// RetentionFailed is how long error and cancelled tasks are kept after they finished; < 0 keeps them
 	// forever.
 	RetentionFailed time.Duration
-	// Batch is the most tasks one batch deletes (0: PruneBatchDefault).
+	// Batch is the most tasks, or flow keys, one batch deletes (0: PruneBatchDefault).
 	Batch int
 	// Logger receives the pruner's logs. Required.
 	Logger *slog.Logger
@@ -52,11 +52,9 @@ type Pruner struct {
 	OnRound func(deleted int)
 }
 
-// Run prunes until ctx is done. With both retentions negative it returns at once.
+// Run prunes until ctx is done: finished tasks (none when both retentions are negative), then idle flow keys,
+// every Interval.
 func (p *Pruner) Run(ctx context.Context) error {
-	if p.RetentionComplete < 0 && p.RetentionFailed < 0 {
-		return nil
-	}
 	t := time.NewTicker(p.Interval)
 	defer t.Stop()
 	for {
@@ -66,6 +64,14 @@ func (p *Pruner) Run(ctx context.Context) error {
 		}
 		if n > 0 {
 			p.Logger.Info("readiness: pruned finished tasks", slog.Int("tasks", n))
+		}
+		// After the tasks: keys whose last steps were just deleted are idle now.
+		k, err := p.PruneFlowKeys(ctx)
+		if err != nil && ctx.Err() == nil {
+			p.Logger.Error("readiness: prune idle flow keys", slog.Any("error", err))
+		}
+		if k > 0 {
+			p.Logger.Info("readiness: pruned idle flow keys", slog.Int("keys", k))
 		}
 		if p.OnRound != nil {
 			p.OnRound(n)
@@ -111,9 +117,47 @@ func (p *Pruner) PruneOnce(ctx context.Context) (int, error) {
 	return total, nil
 }
 
-// batch deletes one batch if this instance wins the lock; full reports whether it was a full batch (more may
-// be waiting). The cut-off is the database's now minus keep.
+// PruneFlowKeys deletes the flow_state rows of idle flow control keys (stepready.prune_flow_state: nothing in
+// flight, bucket full, no wake-up pending) in batches until one comes back short, each batch a transaction of
+// its own on whichever instance wins the pruner's lock. It returns how many rows it deleted. A key's row is
+// created again by its next claim; its override in flow_limits is never touched.
+func (p *Pruner) PruneFlowKeys(ctx context.Context) (int, error) {
+	total := 0
+	for {
+		n, full, err := p.elected(ctx, func(tx pgx.Tx, limit int) (int, error) {
+			return store.PruneFlowState(ctx, tx, limit)
+		})
+		total += n
+		if err != nil || !full {
+			return total, err
+		}
+		select {
+		case <-ctx.Done():
+			return total, nil
+		case <-time.After(rand.N(prunePause)):
+		}
+	}
+}
+
+// batch deletes one batch of tasks if this instance wins the lock; full reports whether it was a full batch
+// (more may be waiting). The cut-off is the database's now minus keep.
 func (p *Pruner) batch(ctx context.Context, keep time.Duration, statuses []string) (n int, full bool, err error) {
+	n, full, err = p.elected(ctx, func(tx pgx.Tx, limit int) (int, error) {
+		var cutoff time.Time
+		if err := tx.QueryRow(ctx, `SELECT now() - make_interval(secs => $1)`, keep.Seconds()).Scan(&cutoff); err != nil {
+			return 0, fmt.Errorf("readiness: pruner cut-off: %w", err)
+		}
+		return store.PruneTasks(ctx, tx, cutoff, statuses, limit)
+	})
+	if err == nil {
+		p.Metrics.Pruned(n)
+	}
+	return n, full, err
+}
+
+// elected runs del in a transaction with a timeout if this instance wins the pruner's advisory lock (else it
+// deletes nothing), with the batch size as its limit; full reports whether del deleted a whole batch.
+func (p *Pruner) elected(ctx context.Context, del func(tx pgx.Tx, limit int) (int, error)) (n int, full bool, err error) {
 	limit := p.Batch
 	if limit <= 0 {
 		limit = PruneBatchDefault
@@ -128,17 +172,12 @@ func (p *Pruner) batch(ctx context.Context, keep time.Duration, statuses []strin
 		if !leader {
 			return nil
 		}
-		var cutoff time.Time
-		if err := tx.QueryRow(ctx, `SELECT now() - make_interval(secs => $1)`, keep.Seconds()).Scan(&cutoff); err != nil {
-			return fmt.Errorf("readiness: pruner cut-off: %w", err)
-		}
 		var err error
-		n, err = store.PruneTasks(ctx, tx, cutoff, statuses, limit)
+		n, err = del(tx, limit)
 		return err
 	})
 	if err != nil {
 		return 0, false, err
 	}
-	p.Metrics.Pruned(n)
 	return n, n == limit, nil
 }

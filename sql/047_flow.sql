@@ -387,3 +387,44 @@ AS $$
       FROM e
      ORDER BY e.key;
 $$;
+
+-- Deletes at most p_limit flow_state rows of keys that are idle at p_as_of, and returns how many (run by the
+-- daemon's pruner every round, so that a system keyed per tenant or per customer does not keep a row for every
+-- key it ever saw). A key is idle when none of its steps is in flight, its bucket is full again (rate_tat not
+-- after p_as_of: a fresh row, which a claim re-creates on demand, has exactly those tokens) and no wake-up is
+-- pending. Its operator override, in flow_limits, is kept.
+--
+-- Locking: rows are taken with FOR UPDATE SKIP LOCKED, so a key a claim holds is left alone and the prune never
+-- waits. A claim that meets a row being deleted finds no row to lock, leaves the key's steps for its next claim
+-- (which creates the row again) and notifies. Limits do not depend on the row: steps in flight are counted from
+-- the steps themselves.
+CREATE OR REPLACE FUNCTION stepready.prune_flow_state(p_as_of timestamptz DEFAULT now(), p_limit int DEFAULT 1000)
+RETURNS int
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_n int;
+BEGIN
+    IF p_as_of IS NULL THEN
+        RAISE EXCEPTION 'prune_flow_state: p_as_of must not be NULL' USING ERRCODE = '22023';
+    END IF;
+    IF p_limit IS NULL OR p_limit < 0 THEN
+        RAISE EXCEPTION 'prune_flow_state: p_limit must be >= 0, got %', COALESCE(p_limit::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+    WITH idle AS (
+        SELECT f.key FROM stepready.flow_state f
+         WHERE (f.rate_tat IS NULL OR f.rate_tat <= p_as_of)
+           AND (f.wake_at IS NULL OR f.wake_at <= p_as_of)
+           AND NOT EXISTS (SELECT 1 FROM stepready.steps s
+                            WHERE s.concurrency_key = f.key AND s.state IN ('enqueued', 'in_progress'))
+         ORDER BY f.key
+         LIMIT p_limit
+           FOR UPDATE SKIP LOCKED
+    ), gone AS (
+        DELETE FROM stepready.flow_state f USING idle WHERE f.key = idle.key RETURNING 1
+    )
+    SELECT count(*)::int INTO v_n FROM gone;
+    RETURN v_n;
+END;
+$$;

@@ -83,3 +83,13 @@ func ClearFlowLimit(ctx context.Context, db DBTX, key string) (bool, error) {
 	}
 	return had, nil
 }
+
+// PruneFlowState deletes at most limit flow_state rows of idle keys (stepready.prune_flow_state at the database's
+// now) and returns how many it deleted.
+func PruneFlowState(ctx context.Context, db DBTX, limit int) (int, error) {
+	var n int
+	if err := db.QueryRow(ctx, `SELECT stepready.prune_flow_state(now(), $1)`, limit).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: prune idle flow keys: %w", err)
+	}
+	return n, nil
+}

@@ -51,6 +51,7 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('schedule_failed',            '{worker}'),
     ('set_schedule_next_fire',     '{worker}'),
     ('prune_tasks',                '{worker}'),
+    ('prune_flow_state',           '{worker}'),
     -- Operators (SPEC §9), and schedule management.
     ('cancel_task',                '{operator}'),
     ('pause_task',                 '{operator}'),
@@ -135,6 +136,7 @@ BEGIN
         GRANT UPDATE ON stepready.schedules TO stepready_worker;
         -- Claims keep the per-key flow control state and the round-robin position (SPEC §14).
         GRANT INSERT, UPDATE ON stepready.flow_state, stepready.flow_cursor TO stepready_worker;
+        GRANT DELETE ON stepready.flow_state TO stepready_worker; -- prune_flow_state
         GRANT USAGE ON ALL SEQUENCES IN SCHEMA stepready TO stepready_worker;
         -- River's tables, wherever River was migrated (the schema of river_job).
         SELECT c.relnamespace::regnamespace::name INTO v_river FROM pg_catalog.pg_class c

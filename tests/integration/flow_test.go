@@ -451,3 +451,73 @@ func TestFlowClaimCostFollowsKeysVisited(t *testing.T) {
 	require.LessOrEqual(t, large, 2*small+50, "a keyed claim read more as the table grew")
 	require.LessOrEqual(t, large, int64(20*20), "a keyed claim read far more than the keys it visits")
 }
+
+// flowKeys lists the keys that have a flow_state row.
+func (b *lcBundle) flowKeys() []string {
+	b.t.Helper()
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT key FROM stepready.flow_state ORDER BY key`)
+	require.NoError(b.t, err)
+	var keys []string
+	for rows.Next() {
+		var k string
+		require.NoError(b.t, rows.Scan(&k))
+		keys = append(keys, k)
+	}
+	require.NoError(b.t, rows.Err())
+	return keys
+}
+
+// prune_flow_state deletes the rows of idle keys only: nothing in flight, bucket full at p_as_of (the exact
+// boundary), no wake-up pending, not locked by a claim. A pruned key's next claim starts from a fresh row with
+// its limits intact and no token more than the old row would have given; overrides survive.
+func TestFlowPruneIdleKeys(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	t0 := lcBase
+	busy := b.keyedTasks(2, `"concurrency": {"key": "busy", "limit": 1}`)
+	done := b.keyedTasks(1, `"concurrency": {"key": "done", "limit": 1}`)
+	rated := b.keyedTasks(6, `"rate_limit": {"key": "api", "limit": 2, "period_ms": 1000}`)
+	got := b.startIDs(10, t0)
+	require.ElementsMatch(t, []int64{busy[0], done[0], rated[0], rated[1]}, got, "one of busy, one of done, two tokens of api")
+	require.True(t, b.complete(done[0], b.attemptOf(done[0]), `{}`, t0))
+	b.exec(`SELECT stepready.set_flow_limit('done', 5)`)
+	// An idle key with a wake-up still pending, and an idle key a claim holds.
+	b.exec(`INSERT INTO stepready.flow_state (key, wake_at) VALUES ('waking', $1), ('held', NULL)`, t0.Add(time.Minute))
+	require.Equal(t, []string{"api", "busy", "done", "held", "waking"}, b.flowKeys())
+
+	holder, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(b.ctx) }()
+	_, err = holder.Exec(b.ctx, `SELECT 1 FROM stepready.flow_state WHERE key = 'held' FOR UPDATE`)
+	require.NoError(t, err)
+
+	// api's two tokens refill at t0 + 1 s: 1 µs before, its row is state worth keeping.
+	require.Equal(t, 1, b.intCall(`SELECT stepready.prune_flow_state($1)`, t0.Add(time.Second-time.Microsecond)))
+	require.Equal(t, []string{"api", "busy", "held", "waking"}, b.flowKeys(), "only done was idle")
+	require.NoError(t, holder.Rollback(b.ctx))
+	require.Equal(t, 1, b.intCall(`SELECT stepready.prune_flow_state($1, 1)`, t0.Add(time.Second)), "the limit")
+	require.Equal(t, 1, b.intCall(`SELECT stepready.prune_flow_state($1)`, t0.Add(time.Second)))
+	require.Equal(t, []string{"busy", "waking"}, b.flowKeys(), "api's bucket is full again; held is free")
+	require.Equal(t, 1, b.intCall(`SELECT count(*)::int FROM stepready.flow_limits WHERE key = 'done'`), "override kept")
+
+	// The pruned keys' next claims: api gives its two tokens and no more, busy still holds its limit of 1.
+	at := t0.Add(time.Second)
+	got = b.startIDs(10, at)
+	require.ElementsMatch(t, rated[2:4], got)
+	b.requireNotReady(rated[4], at, "rate_limited")
+	b.requireNotReady(busy[1], at, "concurrency_limited")
+	require.Equal(t, []string{"api", "busy", "waking"}, b.flowKeys(), "api's row is back")
+
+	// Done's steps, created after its row was pruned, meet its override of 5.
+	more := b.keyedTasks(7, `"concurrency": {"key": "done", "limit": 1}`)
+	require.Equal(t, more[:5], b.startIDs(10, at))
+
+	for _, sql := range []string{
+		`SELECT stepready.prune_flow_state(NULL)`,
+		`SELECT stepready.prune_flow_state(now(), -1)`,
+		`SELECT stepready.prune_flow_state(now(), NULL)`,
+	} {
+		lcRequireSQLState(t, b.callErr(sql), "22023")
+	}
+	require.Zero(t, b.intCall(`SELECT stepready.prune_flow_state(now(), 0)`))
+}
