@@ -73,6 +73,7 @@ type Console struct {
 	auth   *auth           // nil: read-only
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
+	done   chan struct{} // closed when the live poller has returned
 }
 
 // New returns the console over pool. The live poller starts at once and runs until Close.
@@ -109,11 +110,15 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	c.ctx, c.cancel = ctx, cancel
 	c.live = newHub(pool, interval, c.log)
-	go c.live.run(ctx)
+	c.done = make(chan struct{})
+	go func() {
+		defer close(c.done)
+		c.live.run(ctx)
+	}()
 
 	static, err := fs.Sub(staticFS, "static")
 	if err != nil {
-		cancel()
+		c.Close()
 		return nil, fmt.Errorf("console: static assets: %w", err)
 	}
 	mux := http.NewServeMux()
@@ -138,8 +143,12 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 	return c, nil
 }
 
-// Close stops the live poller and ends every open event stream.
-func (c *Console) Close() { c.cancel() }
+// Close stops the live poller, waits for it to return, and ends every open event stream. Call it before the
+// pool closes.
+func (c *Console) Close() {
+	c.cancel()
+	<-c.done
+}
 
 // ServeHTTP serves the console, with security headers on every response.
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {

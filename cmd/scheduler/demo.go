@@ -154,9 +154,14 @@ func (o *globalOptions) runDemo(ctx context.Context, p *demoParams, logger *slog
 		labels = append(labels, task.Label()+" ("+t.File+")")
 	}
 	fmt.Fprintf(out, "tasks: %s\n\n", strings.Join(labels, ", "))
-	if stopUI := o.demoConsole(ctx, pool, p.uiAddr, logger); stopUI != nil {
-		defer stopUI()
-	}
+	// The console stops before the pool closes (its live poller reads through the pool); the deferred call
+	// covers the early returns.
+	stopUI := o.demoConsole(ctx, pool, p.uiAddr, logger)
+	defer func() {
+		if stopUI != nil {
+			stopUI()
+		}
+	}()
 
 	client, err := startClient(ctx, pool, &p.daemon, false, logger, nil)
 	if err != nil {
@@ -179,6 +184,10 @@ func (o *globalOptions) runDemo(ctx context.Context, p *demoParams, logger *slog
 		fmt.Fprintln(out, "\nstopping…")
 	}
 	stopErr := client.Stop(context.WithoutCancel(ctx))
+	if stopUI != nil {
+		stopUI()
+		stopUI = nil
+	}
 	pool.Close()
 	return errors.Join(watchErr, stopErr)
 }
