@@ -230,10 +230,13 @@ END;
 $$;
 
 -- The keys of the claimable rows of one (task priority, step priority) group in ring order after p_after (NULL:
--- from the start), at most p_max, '' (steps without a key) first in key order. Each key is one probe of
--- steps_claim_order_idx (a loose index scan): the cost follows the keys returned, not the rows behind them.
-CREATE OR REPLACE FUNCTION stepready._flow_next_keys(p_tp int, p_p int, p_after text, p_upto text, p_max int)
-RETURNS text[]
+-- from the start), at most p_max, '' (steps without a key) first in key order, with the id of each key's first
+-- claimable row in claim order (due time, then id) as the probe found it: the claim tries that row first, by
+-- its primary key, before it reads the key's range again. Each key is one probe of steps_claim_order_idx (a
+-- loose index scan): the cost follows the keys returned, not the rows behind them.
+DROP FUNCTION IF EXISTS stepready._flow_next_keys(int, int, text, text, int); -- before it returned the keys only
+CREATE OR REPLACE FUNCTION stepready._flow_next_rows(p_tp int, p_p int, p_after text, p_upto text, p_max int,
+                                                     OUT p_keys text[], OUT p_ids bigint[])
 LANGUAGE plpgsql STABLE
 SET plan_cache_mode = force_generic_plan
 -- Each probe must walk steps_claim_order_idx from the previous key: a plan that reads the claimable rows of
@@ -243,42 +246,50 @@ SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
 DECLARE
-    v_keys  text[] := '{}';
     v_after text := p_after;
+    v_id    bigint;
 BEGIN
+    p_keys := '{}';
+    p_ids := '{}';
     IF v_after IS NULL THEN
         -- From the start of the ring: '' (the steps without a key) sorts first.
-        SELECT s.flow_key INTO v_after FROM stepready.steps s
+        SELECT s.flow_key, s.id INTO v_after, v_id FROM stepready.steps s
          WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
            AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key >= ''
-         ORDER BY s.flow_key LIMIT 1;
+         ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id LIMIT 1;
         IF v_after IS NULL OR v_after > p_upto THEN
-            RETURN v_keys;
+            RETURN;
         END IF;
-        v_keys := ARRAY[v_after];
+        p_keys := ARRAY[v_after];
+        p_ids := ARRAY[v_id];
     END IF;
-    IF cardinality(v_keys) >= p_max THEN
-        RETURN v_keys;
+    IF cardinality(p_keys) >= p_max THEN
+        RETURN;
     END IF;
-    -- One probe per key: each finds the smallest key after the previous one.
-    SELECT v_keys || COALESCE(array_agg(x.key ORDER BY x.n), '{}') INTO v_keys
-      FROM (WITH RECURSIVE k(key, n) AS (
-                SELECT (SELECT s.flow_key FROM stepready.steps s
+    -- One probe per key: each finds the first row of the smallest key after the previous one.
+    SELECT p_keys || COALESCE(array_agg(x.key ORDER BY x.n), '{}'), p_ids || COALESCE(array_agg(x.id ORDER BY x.n), '{}')
+      INTO p_keys, p_ids
+      FROM (WITH RECURSIVE k(key, id, n) AS (
+                SELECT r.flow_key, r.id, 1
+                  FROM (SELECT s.flow_key, s.id FROM stepready.steps s
                          WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
                            AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
                            AND s.flow_key > v_after
-                         ORDER BY s.flow_key LIMIT 1), 1
+                         ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                         LIMIT 1) r
                 UNION ALL
-                SELECT (SELECT s.flow_key FROM stepready.steps s
-                         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
-                           AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
-                           AND s.flow_key > k.key
-                         ORDER BY s.flow_key LIMIT 1), k.n + 1
+                SELECT r.flow_key, r.id, k.n + 1
                   FROM k
-                 WHERE k.key IS NOT NULL AND k.n < p_max - cardinality(v_keys)
+                 CROSS JOIN LATERAL (
+                       SELECT s.flow_key, s.id FROM stepready.steps s
+                        WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                          AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
+                          AND s.flow_key > k.key
+                        ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                        LIMIT 1) r
+                 WHERE k.n < p_max - cardinality(p_keys)
                    AND (p_upto IS NULL OR k.key < p_upto))
-            SELECT k.key, k.n FROM k WHERE k.key IS NOT NULL AND (p_upto IS NULL OR k.key <= p_upto)) x;
-    RETURN v_keys;
+            SELECT k.key, k.id, k.n FROM k WHERE p_upto IS NULL OR k.key <= p_upto) x;
 END;
 $$;
 
