@@ -452,6 +452,39 @@ func TestFlowClaimCostFollowsKeysVisited(t *testing.T) {
 	require.LessOrEqual(t, large, int64(20*20), "a keyed claim read far more than the keys it visits")
 }
 
+// A keyed claim never scans the table, even with statistics taken while every row was claimable and keyed: with
+// such statistics "is there a keyed row in this group?" was once planned as a sequential scan that stops at the
+// first match, reading every finished row before the first claimable one (thousands per claim in scenario 9b).
+func TestFlowClaimIgnoresFinishedRows(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
+	b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
+		SELECT 1, 's' || g, 'h', 'k' || (g % 20), 1000 FROM generate_series(1, 4000) g`)
+	b.exec(`VACUUM ANALYZE stepready.steps`)
+	// 3,900 of them run (the oldest of every key), the statistics untouched.
+	for range 4 {
+		b.exec(`WITH c AS (SELECT step_id, attempt FROM stepready.claim_and_start_steps(975, 'w', 60000))
+			SELECT stepready.complete_steps(array_agg(step_id), array_agg(attempt),
+				array_fill('{}'::jsonb, ARRAY[count(*)::int])) FROM c`)
+	}
+	require.Equal(t, 100, b.intCall(`SELECT count(*)::int FROM stepready.steps WHERE state = 'pending'`))
+	conn := b.db.Conn(t)
+	seqRead := func() int64 {
+		_, err := conn.Exec(b.ctx, `SELECT pg_catalog.pg_stat_force_next_flush()`)
+		require.NoError(t, err)
+		var n int64
+		require.NoError(t, conn.QueryRow(b.ctx, `SELECT COALESCE(seq_tup_read, 0) FROM pg_catalog.pg_stat_user_tables
+			WHERE schemaname = 'stepready' AND relname = 'steps'`).Scan(&n))
+		return n
+	}
+	before := seqRead()
+	var n int
+	require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM stepready.claim_ready_steps(20, 'w', 60000)`).Scan(&n))
+	require.Equal(t, 20, n)
+	require.Zero(t, seqRead()-before, "a keyed claim scanned the table")
+}
+
 // flowKeys lists the keys that have a flow_state row.
 func (b *lcBundle) flowKeys() []string {
 	b.t.Helper()
