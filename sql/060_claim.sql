@@ -212,12 +212,15 @@ BEGIN
             -- takes, at most one pass over the steps in flight, each row's key looked up in a jsonb object (a
             -- binary search). Not `= ANY (v_got)`: over an array that is not a constant that is a linear search
             -- per row (measured: 97 ms for 4,000 steps in flight and a batch of 1,000 keys).
-            SELECT jsonb_object_agg(k.key, true) INTO v_keyset FROM unnest(v_got) AS k(key);
-            SELECT COALESCE(jsonb_object_agg(c.key, c.n), '{}') INTO v_flight
-              FROM (SELECT s.concurrency_key AS key, count(*) AS n FROM stepready.steps s
-                     WHERE s.concurrency_key IS NOT NULL AND s.state IN ('enqueued', 'in_progress')
-                       AND v_keyset ? s.concurrency_key
-                     GROUP BY s.concurrency_key) c;
+            v_flight := '{}';
+            IF cardinality(v_got) > 0 THEN
+                SELECT jsonb_object_agg(k.key, true) INTO v_keyset FROM unnest(v_got) AS k(key);
+                SELECT COALESCE(jsonb_object_agg(c.key, c.n), '{}') INTO v_flight
+                  FROM (SELECT s.concurrency_key AS key, count(*) AS n FROM stepready.steps s
+                         WHERE s.concurrency_key IS NOT NULL AND s.state IN ('enqueued', 'in_progress')
+                           AND v_keyset ? s.concurrency_key
+                         GROUP BY s.concurrency_key) c;
+            END IF;
             SELECT jsonb_object_agg(b.key, b.id) INTO v_firstmap FROM unnest(v_batch, v_first) AS b(key, id);
             -- A batch is in key order ('' first when it is in it): key order is ring order.
             -- The keys' state as arrays, appended in one step each (a loop appending per key costs more).
