@@ -98,35 +98,38 @@ func (p *Pruner) PruneOnce(ctx context.Context) (int, error) {
 		if r.keep < 0 {
 			continue
 		}
-		for {
-			n, full, err := p.batch(ctx, r.keep, r.statuses)
-			total += n
-			if err != nil || !full {
-				if err != nil {
-					return total, err
-				}
-				break
+		n, err := p.drain(ctx, func(ctx context.Context, tx pgx.Tx, limit int) (int, error) {
+			// The cut-off is the database's now minus keep.
+			var cutoff time.Time
+			if err := tx.QueryRow(ctx, `SELECT now() - make_interval(secs => $1)`, r.keep.Seconds()).Scan(&cutoff); err != nil {
+				return 0, fmt.Errorf("readiness: pruner cut-off: %w", err)
 			}
-			select {
-			case <-ctx.Done():
-				return total, nil
-			case <-time.After(rand.N(prunePause)):
-			}
+			return store.PruneTasks(ctx, tx, cutoff, r.statuses, limit)
+		})
+		p.Metrics.Pruned(n)
+		total += n
+		if err != nil || ctx.Err() != nil {
+			return total, err
 		}
 	}
 	return total, nil
 }
 
 // PruneFlowKeys deletes the flow_state rows of idle flow control keys (stepready.prune_flow_state: nothing in
-// flight, bucket full, no wake-up pending) in batches until one comes back short, each batch a transaction of
-// its own on whichever instance wins the pruner's lock. It returns how many rows it deleted. A key's row is
-// created again by its next claim; its override in flow_limits is never touched.
+// flight, bucket full, no wake-up pending) in batches until one comes back short. It returns how many rows it
+// deleted. A key's row is created again by its next claim; its override in flow_limits is never touched.
 func (p *Pruner) PruneFlowKeys(ctx context.Context) (int, error) {
+	return p.drain(ctx, func(ctx context.Context, tx pgx.Tx, limit int) (int, error) {
+		return store.PruneFlowState(ctx, tx, limit)
+	})
+}
+
+// drain runs batches of del (see elected) until one comes back short, with a short jittered pause between them,
+// and returns how many rows the committed batches deleted. It stops without error when ctx ends between batches.
+func (p *Pruner) drain(ctx context.Context, del func(ctx context.Context, tx pgx.Tx, limit int) (int, error)) (int, error) {
 	total := 0
 	for {
-		n, full, err := p.elected(ctx, func(tx pgx.Tx, limit int) (int, error) {
-			return store.PruneFlowState(ctx, tx, limit)
-		})
+		n, full, err := p.elected(ctx, del)
 		total += n
 		if err != nil || !full {
 			return total, err
@@ -139,25 +142,10 @@ func (p *Pruner) PruneFlowKeys(ctx context.Context) (int, error) {
 	}
 }
 
-// batch deletes one batch of tasks if this instance wins the lock; full reports whether it was a full batch
-// (more may be waiting). The cut-off is the database's now minus keep.
-func (p *Pruner) batch(ctx context.Context, keep time.Duration, statuses []string) (n int, full bool, err error) {
-	n, full, err = p.elected(ctx, func(tx pgx.Tx, limit int) (int, error) {
-		var cutoff time.Time
-		if err := tx.QueryRow(ctx, `SELECT now() - make_interval(secs => $1)`, keep.Seconds()).Scan(&cutoff); err != nil {
-			return 0, fmt.Errorf("readiness: pruner cut-off: %w", err)
-		}
-		return store.PruneTasks(ctx, tx, cutoff, statuses, limit)
-	})
-	if err == nil {
-		p.Metrics.Pruned(n)
-	}
-	return n, full, err
-}
-
-// elected runs del in a transaction with a timeout if this instance wins the pruner's advisory lock (else it
-// deletes nothing), with the batch size as its limit; full reports whether del deleted a whole batch.
-func (p *Pruner) elected(ctx context.Context, del func(tx pgx.Tx, limit int) (int, error)) (n int, full bool, err error) {
+// elected runs del in a transaction under PruneQueryTimeout (the ctx del gets) if this instance wins the pruner's
+// advisory lock (else it deletes nothing), with the batch size as its limit; full reports whether del deleted a
+// whole batch.
+func (p *Pruner) elected(ctx context.Context, del func(ctx context.Context, tx pgx.Tx, limit int) (int, error)) (n int, full bool, err error) {
 	limit := p.Batch
 	if limit <= 0 {
 		limit = PruneBatchDefault
@@ -173,7 +161,7 @@ func (p *Pruner) elected(ctx context.Context, del func(tx pgx.Tx, limit int) (in
 			return nil
 		}
 		var err error
-		n, err = del(tx, limit)
+		n, err = del(ctx, tx, limit)
 		return err
 	})
 	if err != nil {

@@ -276,9 +276,9 @@ BEGIN
             k_pass[v_i] := 0;
         END LOOP;
 
-        -- The next v_q due rows of every key of the pass, after where the key was left, in ring order. On a key's
-        -- first visit (one row wanted, nothing taken yet) the row its probe found is tried first by its primary
-        -- key: when it is due, eligible and not locked it is exactly the row the range would give (the key's
+        -- The next v_q due rows of every key of the pass, after where the key was left, in ring order. While nothing
+        -- has been taken from a key (its first visit, in round 1: one row wanted) the row its probe found is tried
+        -- first by its primary key: when it is due, eligible and not locked it is exactly the row the range would give (the key's
         -- first in claim order), and the range is not read at all (the LIMIT stops the UNION ALL after it).
         FOR r IN SELECT v.i, c.id, c.state, c.due, c.concurrency_key, c.concurrency_limit, c.rate_key, c.rate_limit,
                         c.rate_period_ms
@@ -288,7 +288,7 @@ BEGIN
                             SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due,
                                    s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms
                               FROM stepready.steps s
-                             WHERE v_q = 1 AND k_pos_id[v.i] = 0 AND s.id = k_first[v.i]
+                             WHERE k_pos_id[v.i] = 0 AND s.id = k_first[v.i]
                                AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
                                AND NOT s.task_held
                                AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = k_key[v.i]

@@ -154,14 +154,10 @@ func (o *globalOptions) runDemo(ctx context.Context, p *demoParams, logger *slog
 		labels = append(labels, task.Label()+" ("+t.File+")")
 	}
 	fmt.Fprintf(out, "tasks: %s\n\n", strings.Join(labels, ", "))
-	// The console stops before the pool closes (its live poller reads through the pool); the deferred call
-	// covers the early returns.
-	stopUI := o.demoConsole(ctx, pool, p.uiAddr, logger)
-	defer func() {
-		if stopUI != nil {
-			stopUI()
-		}
-	}()
+	// Deferred after the pool's Close, so it runs before it: the console's live poller reads through the pool.
+	if stopUI := o.demoConsole(ctx, pool, p.uiAddr, logger); stopUI != nil {
+		defer stopUI()
+	}
 
 	client, err := startClient(ctx, pool, &p.daemon, false, logger, nil)
 	if err != nil {
@@ -184,11 +180,6 @@ func (o *globalOptions) runDemo(ctx context.Context, p *demoParams, logger *slog
 		fmt.Fprintln(out, "\nstopping…")
 	}
 	stopErr := client.Stop(context.WithoutCancel(ctx))
-	if stopUI != nil {
-		stopUI()
-		stopUI = nil
-	}
-	pool.Close()
 	return errors.Join(watchErr, stopErr)
 }
 
