@@ -74,9 +74,13 @@ BEGIN
 END;
 $$;
 
+-- Not called for the edges of create_tasks: its set-based validation has checked every DAG of the call (names,
+-- references, cycles) before writing, and its steps belong to tasks nobody else can see yet
+-- (sql/018_validated_write.sql).
 CREATE OR REPLACE TRIGGER step_edges_validate
     BEFORE INSERT OR UPDATE ON stepready.step_edges
-    FOR EACH ROW EXECUTE FUNCTION stepready._step_edges_validate();
+    FOR EACH ROW WHEN (NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._step_edges_validate();
 
 -- Keeps steps.pending_parents equal to the number of unsatisfied parents as edges come and go. Once per
 -- statement: a fan-in of N parents updates its child once, not N times.
@@ -116,10 +120,13 @@ BEGIN
 END;
 $$;
 
+-- create_tasks writes its steps with their pending_parents already counted, and its edges skip this trigger
+-- (sql/018_validated_write.sql): the children are not updated a second time.
 CREATE OR REPLACE TRIGGER step_edges_count_inserted
     AFTER INSERT ON stepready.step_edges
     REFERENCING NEW TABLE AS changed_edges
-    FOR EACH STATEMENT EXECUTE FUNCTION stepready._step_edges_count();
+    FOR EACH STATEMENT WHEN (NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._step_edges_count();
 
 CREATE OR REPLACE TRIGGER step_edges_count_deleted
     AFTER DELETE ON stepready.step_edges

@@ -242,10 +242,12 @@ BEGIN
 END;
 $$;
 
+-- create_tasks writes its tasks with their counters already set (sql/018_validated_write.sql).
 CREATE OR REPLACE TRIGGER steps_count_inserted
     AFTER INSERT ON stepready.steps
     REFERENCING NEW TABLE AS changed_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_count_rows();
+    FOR EACH STATEMENT WHEN (NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._steps_count_rows();
 
 CREATE OR REPLACE TRIGGER steps_count_deleted
     AFTER DELETE ON stepready.steps
