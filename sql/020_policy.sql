@@ -257,10 +257,12 @@ $$;
 
 -- Not called for a NULL retry (nothing to check), nor for the rows of create_tasks (validated already:
 -- sql/018_validated_write.sql).
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER tasks_validate_retry
     BEFORE INSERT OR UPDATE OF retry ON stepready.tasks
     FOR EACH ROW WHEN (NEW.retry IS NOT NULL AND NOT stepready._validated_write())
-    EXECUTE FUNCTION stepready._tasks_validate_retry();
+    EXECUTE FUNCTION stepready._tasks_validate_retry()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;
 
 -- Fills defaults and the materialized policy of a new step, and checks every value with a message that names
 -- the step. Resolution per field: step column → step preset → task retry field → task retry.policy preset →
@@ -404,7 +406,9 @@ $$;
 
 -- The plain-SQL path's (SPEC §2). create_tasks writes its rows complete and validated, and the trigger is not
 -- called for them (sql/018_validated_write.sql).
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER steps_materialize
     BEFORE INSERT ON stepready.steps
     FOR EACH ROW WHEN (NOT stepready._validated_write())
-    EXECUTE FUNCTION stepready._steps_materialize();
+    EXECUTE FUNCTION stepready._steps_materialize()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;

@@ -584,19 +584,17 @@ AS $$
 #variable_conflict use_column
 DECLARE
     v_n        int;
-    v_presets  jsonb;
-    v_keys     text[];
     v_known    jsonb;    -- idempotency key → id of the task that holds it
+    v_keyed    bool;     -- some element has an idempotency key
     v_new_ords int[];    -- elements to create (1-based), ascending
     v_new_ids  bigint[]; -- their task ids, drawn in advance, ascending
+    v_offs     int[];    -- where each one's steps start among v_sids (0-based)
+    v_sids     bigint[]; -- their step ids, ascending, in definition order
     v_ins_ids  bigint[]; -- the task ids actually inserted (ON CONFLICT may skip some)
     v_ords     int[];    -- elements created, ascending
     v_tids     bigint[]; -- their task ids
-    v_offs     int[];    -- where each created element's steps start among v_sids (0-based)
-    v_sids     bigint[]; -- step ids, ascending, in definition order
-    v_created  jsonb;    -- element (1-based, as text) → id of the task created for it
+    v_toffs    int[];    -- their offsets
     v_lost     text[];
-    v_seq      regclass;
 BEGIN
     IF NOT stepready._validated_write() THEN
         RAISE EXCEPTION 'stepready._create_tasks does not run as the owner its triggers expect (was its owner changed '
@@ -612,36 +610,41 @@ BEGIN
     END IF;
 
     -- 1. Validate everything before writing anything.
-    v_presets := stepready._presets();
-    PERFORM stepready._validate_definitions(p_definitions, p_prefix, v_presets);
+    PERFORM stepready._validate_definitions(p_definitions, p_prefix);
 
     -- 2. Idempotency. An element is created when it has no key, or when it is the first of the call with its key
     -- and no task holds that key yet; every other element answers with the id of the task that holds the key.
-    -- Each key is looked up on its own (tasks_idempotency_key_key), whatever the planner thinks of the table.
-    SELECT array_agg(DISTINCT e.x ->> 'idempotency_key') INTO v_keys
-      FROM jsonb_array_elements(p_definitions) AS e(x)
-     WHERE e.x ->> 'idempotency_key' IS NOT NULL;
-    v_known := '{}';
-    IF v_keys IS NOT NULL THEN
-        SELECT COALESCE(jsonb_object_agg(k.key, k.id), '{}') INTO v_known
+    -- Each key is looked up on its own (the unique index of tasks.idempotency_key).
+    --
+    -- 3. Ids for the elements to create, drawn here and handed out in ascending order: a task's follows its
+    -- element's position, a step's its position in its definition (internal/store relies on it). Whatever ON
+    -- CONFLICT skips below, each id is known to belong to its element.
+    WITH e AS MATERIALIZED (
+        SELECT x.ord::int AS ord, x.d ->> 'idempotency_key' AS key, jsonb_array_length(x.d -> 'steps') AS len
+          FROM jsonb_array_elements(p_definitions) WITH ORDINALITY AS x(d, ord)
+    ), known AS MATERIALIZED (
+        SELECT COALESCE(jsonb_object_agg(k.key, k.id) FILTER (WHERE k.id IS NOT NULL), '{}') AS j, count(*) > 0 AS keyed
           FROM (SELECT u.key, (SELECT t.id FROM stepready.tasks t WHERE t.idempotency_key = u.key) AS id
-                  FROM unnest(v_keys) AS u(key)) k
-         WHERE k.id IS NOT NULL;
-    END IF;
-    SELECT array_agg(s.ord ORDER BY s.ord) INTO v_new_ords
-      FROM (SELECT e.ord::int AS ord, e.x ->> 'idempotency_key' AS key,
-                   min(e.ord) OVER (PARTITION BY e.x ->> 'idempotency_key') AS first
-              FROM jsonb_array_elements(p_definitions) WITH ORDINALITY AS e(x, ord)) s
-     WHERE s.key IS NULL OR (s.ord = s.first AND NOT v_known ? s.key);
+                  FROM (SELECT DISTINCT e.key FROM e WHERE e.key IS NOT NULL) u) k
+    ), o AS MATERIALIZED (
+        SELECT s.ord, (sum(s.len) OVER (ORDER BY s.ord) - s.len)::int AS off, s.len
+          FROM (SELECT e.ord, e.len, e.key, min(e.ord) OVER (PARTITION BY e.key) AS first FROM e) s, known
+         WHERE s.key IS NULL OR (s.ord = s.first AND NOT known.j ? s.key)
+    )
+    SELECT known.j, known.keyed, (SELECT array_agg(o.ord ORDER BY o.ord) FROM o),
+           (SELECT array_agg(o.off ORDER BY o.ord) FROM o),
+           (SELECT array_agg(x.id ORDER BY x.id)
+              FROM (SELECT nextval((SELECT pg_get_serial_sequence('stepready.tasks', 'id')::regclass)) AS id
+                      FROM generate_series(1, (SELECT count(*) FROM o)::int)) x),
+           (SELECT array_agg(x.id ORDER BY x.id)
+              FROM (SELECT nextval((SELECT pg_get_serial_sequence('stepready.steps', 'id')::regclass)) AS id
+                      FROM generate_series(1, (SELECT COALESCE(sum(o.len), 0) FROM o)::int)) x)
+      INTO v_known, v_keyed, v_new_ords, v_offs, v_new_ids, v_sids
+      FROM known;
 
     IF v_new_ords IS NOT NULL THEN
-        -- 3. The tasks, with their step counters (every step starts pending, so unsatisfied). Ids are drawn
-        -- first and handed out in input order, so each id is known to belong to its element whatever ON CONFLICT
-        -- skips: a key taken meanwhile by a concurrent creator (committed by now: the insert waited on its index
-        -- entry) is looked up below.
-        v_seq := pg_get_serial_sequence('stepready.tasks', 'id')::regclass;
-        SELECT array_agg(x.id ORDER BY x.id) INTO v_new_ids
-          FROM (SELECT nextval(v_seq) AS id FROM generate_series(1, cardinality(v_new_ords))) x;
+        -- 4. The tasks, with their step counters (every step starts pending, so unsatisfied). A key taken meanwhile
+        -- by a concurrent creator (committed by now: the insert waited on its index entry) skips its element.
         WITH ins AS (
             INSERT INTO stepready.tasks (id, name, namespace, context, priority, retry, idempotency_key, run_at,
                                          steps_total, steps_unsatisfied)
@@ -660,130 +663,133 @@ BEGIN
         IF cardinality(v_ins_ids) = cardinality(v_new_ids) THEN
             v_ords := v_new_ords;
             v_tids := v_new_ids;
+            v_toffs := v_offs;
         ELSIF v_ins_ids IS NOT NULL THEN
-            -- Some keys were taken by a concurrent creator: keep the elements whose task was inserted.
-            SELECT array_agg(n.ord ORDER BY n.ord), array_agg(n.id ORDER BY n.ord) INTO v_ords, v_tids
-              FROM unnest(v_new_ords, v_new_ids) AS n(ord, id)
+            SELECT array_agg(n.ord ORDER BY n.ord), array_agg(n.id ORDER BY n.ord), array_agg(n.off ORDER BY n.ord)
+              INTO v_ords, v_tids, v_toffs
+              FROM unnest(v_new_ords, v_new_ids, v_offs) AS n(ord, id, off)
              WHERE (SELECT jsonb_object_agg(i::text, true) FROM unnest(v_ins_ids) AS i) ? n.id::text;
         END IF;
     END IF;
 
     IF v_ords IS NOT NULL THEN
-        -- Later elements with the key of a task created here answer with its id.
-        SELECT v_known || COALESCE(jsonb_object_agg(p_definitions -> (c.ord - 1) ->> 'idempotency_key', c.id)
-                                       FILTER (WHERE p_definitions -> (c.ord - 1) ->> 'idempotency_key' IS NOT NULL),
-                                   '{}'),
-               jsonb_object_agg(c.ord::text, c.id)
-          INTO v_known, v_created
-          FROM unnest(v_ords, v_tids) AS c(ord, id);
-
-        -- 4. Their steps, in definition order: step ids are drawn for all of them and handed out in ascending
-        -- order, so a step's id follows its position (internal/store relies on it).
-        SELECT array_agg(x.off ORDER BY x.k) INTO v_offs
-          FROM (SELECT c.k, (sum(jsonb_array_length(p_definitions -> (c.ord - 1) -> 'steps')) OVER (ORDER BY c.k)
-                             - jsonb_array_length(p_definitions -> (c.ord - 1) -> 'steps'))::int AS off
-                  FROM unnest(v_ords) WITH ORDINALITY AS c(ord, k)) x;
-        v_seq := pg_get_serial_sequence('stepready.steps', 'id')::regclass;
-        SELECT array_agg(x.id ORDER BY x.id) INTO v_sids
-          FROM (SELECT nextval(v_seq) AS id
-                  FROM generate_series(1, v_offs[cardinality(v_offs)]
-                                          + jsonb_array_length(p_definitions -> (v_ords[cardinality(v_ords)] - 1)
-                                                               -> 'steps'))) x;
-        INSERT INTO stepready.steps (id, task_id, name, handler, input, max_attempts, retryable, backoff,
-                                     base_delay_ms, multiplier, max_delay_ms, jitter, retry_policy, next_attempt_at,
-                                     timeout_ms, on_exhausted, rules, max_iterations, collect, queue, priority,
-                                     breaker_limit, pending_parents, task_priority, concurrency_key,
-                                     concurrency_limit, rate_key, rate_limit, rate_period_ms)
-        OVERRIDING SYSTEM VALUE
-        SELECT v_sids[t.off + s.o], t.tid, s.st ->> 'name', s.st ->> 'handler', st.input,
-               -- SPEC §3: the step's field, its preset's, the task's retry field, the task's preset's, standard's.
-               COALESCE((st.sr ->> 'max_attempts')::numeric::int, (st.sp ->> 'max_attempts')::int,
-                        (t.tr ->> 'max_attempts')::numeric::int, (t.tp ->> 'max_attempts')::int,
-                        (t.sd ->> 'max_attempts')::int, 3),
-               COALESCE((st.sr ->> 'retryable')::bool, (st.sp ->> 'retryable')::bool, (t.tr ->> 'retryable')::bool,
-                        (t.tp ->> 'retryable')::bool, (t.sd ->> 'retryable')::bool, true),
-               COALESCE(st.sr ->> 'backoff', st.sp ->> 'backoff', t.tr ->> 'backoff', t.tp ->> 'backoff',
-                        t.sd ->> 'backoff', 'exponential'),
-               COALESCE((st.sr ->> 'base_delay_ms')::numeric::bigint, (st.sp ->> 'base_delay_ms')::bigint,
-                        (t.tr ->> 'base_delay_ms')::numeric::bigint, (t.tp ->> 'base_delay_ms')::bigint,
-                        (t.sd ->> 'base_delay_ms')::bigint, 1000),
-               COALESCE((st.sr ->> 'multiplier')::float8, (st.sp ->> 'multiplier')::float8,
-                        (t.tr ->> 'multiplier')::float8, (t.tp ->> 'multiplier')::float8,
-                        (t.sd ->> 'multiplier')::float8, 2),
-               COALESCE((st.sr ->> 'max_delay_ms')::numeric::bigint, (st.sp ->> 'max_delay_ms')::bigint,
-                        (t.tr ->> 'max_delay_ms')::numeric::bigint, (t.tp ->> 'max_delay_ms')::bigint,
-                        (t.sd ->> 'max_delay_ms')::bigint, CASE WHEN t.sd IS NULL THEN 30000 END),
-               COALESCE((st.sr ->> 'jitter')::float8, (st.sp ->> 'jitter')::float8, (t.tr ->> 'jitter')::float8,
-                        (t.tp ->> 'jitter')::float8, (t.sd ->> 'jitter')::float8, 0),
-               COALESCE(st.sr ->> 'policy', t.tr ->> 'policy', 'standard'),
-               -- SPEC §15: run_at delays the first attempt (sql/120_run_at.sql).
-               t.run_at,
-               (s.st ->> 'timeout_ms')::numeric::bigint, COALESCE(s.st ->> 'on_exhausted', 'fail_task'),
-               NULLIF(s.st -> 'rules', 'null'), (s.st ->> 'max_iterations')::numeric::int,
-               COALESCE(s.st ->> 'collect', 'replace'), COALESCE(s.st ->> 'queue', 'default'),
-               COALESCE((s.st ->> 'priority')::numeric::int, 0), COALESCE((s.st ->> 'breaker_limit')::numeric::int, 3),
-               -- Every parent was just created pending: each dependency is unsatisfied.
-               CASE WHEN jsonb_typeof(s.st -> 'depends_on') = 'array' THEN jsonb_array_length(s.st -> 'depends_on')
-                    ELSE 0 END,
-               t.priority,
-               -- SPEC §14: the step's flow control, else its task's, placeholders substituted (sql/047_flow.sql).
-               CASE WHEN strpos(st.fc ->> 'key', '${') > 0
-                    THEN (stepready._flow_substitute(st.fc ->> 'key', t.context, st.input)).value
-                    ELSE st.fc ->> 'key' END,
-               (st.fc ->> 'limit')::numeric::int,
-               CASE WHEN strpos(st.fr ->> 'key', '${') > 0
-                    THEN (stepready._flow_substitute(st.fr ->> 'key', t.context, st.input)).value
-                    ELSE st.fr ->> 'key' END,
-               (st.fr ->> 'limit')::numeric::int, (st.fr ->> 'period_ms')::numeric::bigint
-          FROM (SELECT c.tid, c.off, c.d, c.d -> 'retry' AS tr, v_presets -> (c.d -> 'retry' ->> 'policy') AS tp,
-                       v_presets -> 'standard' AS sd, COALESCE(NULLIF(c.d -> 'context', 'null'), '{}') AS context,
-                       COALESCE((c.d ->> 'priority')::numeric::int, 0) AS priority,
-                       (c.d ->> 'run_at')::timestamptz AS run_at
-                  FROM (SELECT u.tid, u.off, p_definitions -> (u.ord - 1) AS d
-                          FROM unnest(v_ords, v_tids, v_offs) AS u(ord, tid, off)) c
-                OFFSET 0) t
-         CROSS JOIN LATERAL jsonb_array_elements(t.d -> 'steps') WITH ORDINALITY AS s(st, o)
-         CROSS JOIN LATERAL (SELECT s.st -> 'retry' AS sr, v_presets -> (s.st -> 'retry' ->> 'policy') AS sp,
-                                    COALESCE(NULLIF(s.st -> 'input', 'null'), '{}') AS input,
-                                    COALESCE(NULLIF(s.st -> 'concurrency', 'null'),
-                                             NULLIF(t.d -> 'concurrency', 'null')) AS fc,
-                                    COALESCE(NULLIF(s.st -> 'rate_limit', 'null'),
-                                             NULLIF(t.d -> 'rate_limit', 'null')) AS fr
-                             OFFSET 0) st;
-
-        -- 5. Their edges. The parent of a dependency is found by name in its definition's steps.
-        INSERT INTO stepready.step_edges (parent_step_id, child_step_id)
-        SELECT v_sids[t.off + 1 + (nm.names ->> dep.name)::int], v_sids[t.off + s.o]
-          FROM (SELECT u.off, p_definitions -> (u.ord - 1) -> 'steps' AS steps
-                  FROM unnest(v_ords, v_offs) AS u(ord, off)) t
-         CROSS JOIN LATERAL (SELECT jsonb_object_agg(x.st ->> 'name', x.o - 1) AS names
-                               FROM jsonb_array_elements(t.steps) WITH ORDINALITY AS x(st, o)) nm
-         CROSS JOIN LATERAL jsonb_array_elements(t.steps) WITH ORDINALITY AS s(st, o)
-         CROSS JOIN LATERAL jsonb_array_elements_text(CASE WHEN jsonb_typeof(s.st -> 'depends_on') = 'array'
-                                                           THEN s.st -> 'depends_on' END) AS dep(name);
-
-        -- 6. Daemons are told (SPEC §6): every task created has a step with no parent, claimable now or at its
-        -- run_at (which their wake-up timer must learn).
-        PERFORM pg_notify('stepready_ready', c.id::text) FROM unnest(v_tids) AS c(id);
+        -- 5. Their steps and edges, and a notification per task, in one statement. Per task (t): the retry
+        -- fields its steps fall back on (its retry field, else its preset's, else standard's: SPEC §3), its flow
+        -- control, and each step name's position. Per step: its own field, else its preset's, else the task's;
+        -- flow control (its own, else the task's) with placeholders substituted; pending parents = its
+        -- dependencies, all of them just created pending. A definition's steps are read with jsonb_to_recordset
+        -- (every field of a step in one pass; JSON null reads as NULL); presets by name, through the primary key.
+        WITH t AS MATERIALIZED (
+            SELECT u.tid, u.off, dd.d -> 'steps' AS steps, (dd.d ->> 'run_at')::timestamptz AS run_at,
+                   COALESCE((dd.d ->> 'priority')::numeric::int, 0) AS priority,
+                   COALESCE(NULLIF(dd.d -> 'context', 'null'), '{}') AS context,
+                   NULLIF(dd.d -> 'concurrency', 'null') AS concurrency, NULLIF(dd.d -> 'rate_limit', 'null') AS rate_limit,
+                   COALESCE((tr.r ->> 'max_attempts')::numeric::int, (tr.p ->> 'max_attempts')::int,
+                            (sd.p ->> 'max_attempts')::int, 3) AS max_attempts,
+                   COALESCE((tr.r ->> 'retryable')::bool, (tr.p ->> 'retryable')::bool, (sd.p ->> 'retryable')::bool,
+                            true) AS retryable,
+                   COALESCE(tr.r ->> 'backoff', tr.p ->> 'backoff', sd.p ->> 'backoff', 'exponential') AS backoff,
+                   COALESCE((tr.r ->> 'base_delay_ms')::numeric::bigint, (tr.p ->> 'base_delay_ms')::bigint,
+                            (sd.p ->> 'base_delay_ms')::bigint, 1000) AS base_delay_ms,
+                   COALESCE((tr.r ->> 'multiplier')::float8, (tr.p ->> 'multiplier')::float8,
+                            (sd.p ->> 'multiplier')::float8, 2) AS multiplier,
+                   COALESCE((tr.r ->> 'max_delay_ms')::numeric::bigint, (tr.p ->> 'max_delay_ms')::bigint,
+                            (sd.p ->> 'max_delay_ms')::bigint, CASE WHEN sd.p IS NULL THEN 30000 END) AS max_delay_ms,
+                   COALESCE((tr.r ->> 'jitter')::float8, (tr.p ->> 'jitter')::float8, (sd.p ->> 'jitter')::float8,
+                            0) AS jitter,
+                   COALESCE(tr.r ->> 'policy', 'standard') AS policy
+              FROM unnest(v_ords, v_tids, v_toffs) AS u(ord, tid, off)
+             CROSS JOIN LATERAL (SELECT p_definitions -> (u.ord - 1) AS d) dd
+             CROSS JOIN LATERAL (SELECT NULLIF(dd.d -> 'retry', 'null') AS r,
+                                        CASE WHEN dd.d -> 'retry' ->> 'policy' IS NOT NULL
+                                             THEN (SELECT to_jsonb(p) FROM stepready.retry_policies p
+                                                    WHERE p.name = dd.d -> 'retry' ->> 'policy') END AS p) tr
+             CROSS JOIN (SELECT (SELECT to_jsonb(p) FROM stepready.retry_policies p WHERE p.name = 'standard') AS p) sd
+        ), ins_steps AS (
+            INSERT INTO stepready.steps (id, task_id, name, handler, input, max_attempts, retryable, backoff,
+                                         base_delay_ms, multiplier, max_delay_ms, jitter, retry_policy,
+                                         next_attempt_at, timeout_ms, on_exhausted, rules, max_iterations, collect,
+                                         queue, priority, breaker_limit, pending_parents, task_priority,
+                                         concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period_ms)
+            OVERRIDING SYSTEM VALUE
+            SELECT v_sids[t.off + s.ordinality], t.tid, s.name, s.handler, COALESCE(s.input, '{}'),
+                   COALESCE((s.retry ->> 'max_attempts')::numeric::int, (f.sp ->> 'max_attempts')::int, t.max_attempts),
+                   COALESCE((s.retry ->> 'retryable')::bool, (f.sp ->> 'retryable')::bool, t.retryable),
+                   COALESCE(s.retry ->> 'backoff', f.sp ->> 'backoff', t.backoff),
+                   COALESCE((s.retry ->> 'base_delay_ms')::numeric::bigint, (f.sp ->> 'base_delay_ms')::bigint,
+                            t.base_delay_ms),
+                   COALESCE((s.retry ->> 'multiplier')::float8, (f.sp ->> 'multiplier')::float8, t.multiplier),
+                   COALESCE((s.retry ->> 'max_delay_ms')::numeric::bigint, (f.sp ->> 'max_delay_ms')::bigint,
+                            t.max_delay_ms),
+                   COALESCE((s.retry ->> 'jitter')::float8, (f.sp ->> 'jitter')::float8, t.jitter),
+                   COALESCE(s.retry ->> 'policy', t.policy),
+                   -- SPEC §15: run_at delays the first attempt (sql/120_run_at.sql).
+                   t.run_at,
+                   s.timeout_ms::bigint, COALESCE(s.on_exhausted, 'fail_task'), s.rules, s.max_iterations::int,
+                   COALESCE(s.collect, 'replace'), COALESCE(s.queue, 'default'), COALESCE(s.priority::int, 0),
+                   COALESCE(s.breaker_limit::int, 3), COALESCE(jsonb_array_length(s.depends_on), 0), t.priority,
+                   -- SPEC §14, sql/047_flow.sql.
+                   CASE WHEN strpos(f.fc ->> 'key', '${') > 0
+                        THEN (stepready._flow_substitute(f.fc ->> 'key', t.context, COALESCE(s.input, '{}'))).value
+                        ELSE f.fc ->> 'key' END,
+                   (f.fc ->> 'limit')::numeric::int,
+                   CASE WHEN strpos(f.fr ->> 'key', '${') > 0
+                        THEN (stepready._flow_substitute(f.fr ->> 'key', t.context, COALESCE(s.input, '{}'))).value
+                        ELSE f.fr ->> 'key' END,
+                   (f.fr ->> 'limit')::numeric::int, (f.fr ->> 'period_ms')::numeric::bigint
+              FROM t
+             CROSS JOIN LATERAL ROWS FROM (jsonb_to_recordset(t.steps) AS (
+                    name text, handler text, input jsonb, depends_on jsonb, retry jsonb, timeout_ms numeric,
+                    on_exhausted text, rules jsonb, max_iterations numeric, collect text, queue text, priority numeric,
+                    breaker_limit numeric, concurrency jsonb, rate_limit jsonb)) WITH ORDINALITY AS s
+             CROSS JOIN LATERAL (
+                    SELECT CASE WHEN s.retry ->> 'policy' IS NOT NULL
+                                THEN (SELECT to_jsonb(p) FROM stepready.retry_policies p
+                                       WHERE p.name = s.retry ->> 'policy') END AS sp,
+                           COALESCE(s.concurrency, t.concurrency) AS fc, COALESCE(s.rate_limit, t.rate_limit) AS fr
+                    OFFSET 0) f
+        ), ins_edges AS (
+            -- The parent of a dependency is found by name among its task's steps.
+            INSERT INTO stepready.step_edges (parent_step_id, child_step_id)
+            SELECT v_sids[t.off + (nm.names ->> dep.name)::int], v_sids[t.off + s.ordinality]
+              FROM t
+             CROSS JOIN LATERAL (SELECT jsonb_object_agg(y.name, y.ordinality) AS names
+                                   FROM ROWS FROM (jsonb_to_recordset(t.steps) AS (name text)) WITH ORDINALITY AS y)
+                   nm
+             CROSS JOIN LATERAL ROWS FROM (jsonb_to_recordset(t.steps) AS (depends_on jsonb)) WITH ORDINALITY AS s
+             CROSS JOIN LATERAL jsonb_array_elements_text(s.depends_on) AS dep(name)
+        )
+        -- Daemons are told (SPEC §6): every task created has a step with no parent, claimable now or at its run_at
+        -- (which their wake-up timer must learn).
+        SELECT count(pg_notify('stepready_ready', t.tid::text)) INTO v_n FROM t;
     END IF;
 
-    -- 7. One row per element, in input order. Keys whose task was neither found in step 2 nor created here were
-    -- taken by a concurrent creator that committed meanwhile.
+    -- 6. One row per element, in input order.
+    IF NOT v_keyed AND cardinality(v_ords) = jsonb_array_length(p_definitions) THEN
+        RETURN QUERY SELECT g.o::int, v_tids[g.o], true FROM generate_series(1, cardinality(v_ords)) AS g(o);
+        RETURN;
+    END IF;
+    -- Keys whose task was neither found in step 2 nor created here were taken by a concurrent creator that
+    -- committed meanwhile.
     IF cardinality(v_new_ords) IS DISTINCT FROM cardinality(v_ords) THEN
-        SELECT array_agg(DISTINCT dd.key) INTO v_lost
-          FROM unnest(v_new_ords) AS n(ord)
-         CROSS JOIN LATERAL (SELECT p_definitions -> (n.ord - 1) ->> 'idempotency_key' AS key) dd
-         WHERE NOT COALESCE(v_created, '{}') ? n.ord::text;
-        SELECT v_known || COALESCE(jsonb_object_agg(k.key, k.id), '{}') INTO v_known
+        SELECT v_known || COALESCE(jsonb_object_agg(k.key, k.id) FILTER (WHERE k.id IS NOT NULL), '{}') INTO v_known
           FROM (SELECT u.key, (SELECT t.id FROM stepready.tasks t WHERE t.idempotency_key = u.key) AS id
-                  FROM unnest(v_lost) AS u(key)) k
-         WHERE k.id IS NOT NULL;
+                  FROM (SELECT DISTINCT p_definitions -> (n.ord - 1) ->> 'idempotency_key' AS key
+                          FROM unnest(v_new_ords, v_new_ids) AS n(ord, id)
+                         WHERE NOT n.id = ANY (COALESCE(v_ins_ids, '{}'))) u
+                 WHERE u.key IS NOT NULL) k;
     END IF;
     RETURN QUERY
-    SELECT e.ord::int,
-           COALESCE((v_created ->> e.ord::text)::bigint, (v_known ->> (e.d ->> 'idempotency_key'))::bigint),
-           COALESCE(v_created ? e.ord::text, false)
-      FROM jsonb_array_elements(p_definitions) WITH ORDINALITY AS e(d, ord)
+    WITH c AS (
+        SELECT COALESCE(jsonb_object_agg(u.ord::text, u.id), '{}') AS by_ord,
+               v_known || COALESCE(jsonb_object_agg(p_definitions -> (u.ord - 1) ->> 'idempotency_key', u.id)
+                                       FILTER (WHERE p_definitions -> (u.ord - 1) ->> 'idempotency_key' IS NOT NULL),
+                                   '{}') AS by_key
+          FROM unnest(v_ords, v_tids) AS u(ord, id)
+    )
+    SELECT e.ord::int, COALESCE((c.by_ord ->> e.ord::text)::bigint, (c.by_key ->> (e.d ->> 'idempotency_key'))::bigint),
+           c.by_ord ? e.ord::text
+      FROM jsonb_array_elements(p_definitions) WITH ORDINALITY AS e(d, ord), c
      ORDER BY e.ord;
 END;
 $$;
@@ -800,11 +806,14 @@ $$;
 -- Creates a task from one JSON document and returns its id: the one-element case of create_tasks, with the
 -- messages of a single definition (no definitions[0] prefix). An idempotency key already used returns the
 -- existing task and creates nothing.
+-- (PL/pgSQL: as a LANGUAGE sql function it would be parsed and planned again at every call.)
 CREATE OR REPLACE FUNCTION stepready.create_task(p_definition jsonb)
 RETURNS bigint
-LANGUAGE sql
+LANGUAGE plpgsql
 AS $$
-    SELECT c.task_id FROM stepready._create_tasks(jsonb_build_array(p_definition), false) AS c;
+BEGIN
+    RETURN (SELECT c.task_id FROM stepready._create_tasks(jsonb_build_array(p_definition), false) AS c);
+END;
 $$;
 
 CREATE OR REPLACE FUNCTION stepready._task_templates_validate()

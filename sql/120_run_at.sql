@@ -44,7 +44,9 @@ BEGIN
 END;
 $$;
 
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER tasks_notify_run_at
     AFTER INSERT ON stepready.tasks
     FOR EACH ROW WHEN (NEW.run_at IS NOT NULL AND NOT stepready._validated_write())
-    EXECUTE FUNCTION stepready._tasks_notify_run_at();
+    EXECUTE FUNCTION stepready._tasks_notify_run_at()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;
