@@ -399,10 +399,15 @@ func testCreationReads(t *testing.T, mode creationStats) {
 	round := func() creationReads {
 		t.Helper()
 		before := readCreationStats(t, conn)
-		for range perRound {
+		for i := range perRound {
 			// One statement per task, as a loop of plain SQL (pgbench) sends it.
 			_, err := conn.Exec(ctx, `SELECT stepready.create_task('`+chain+`')`, pgx.QueryExecModeSimpleProtocol)
 			require.NoError(t, err)
+			if i == 0 && mode == analyzedMidLoad {
+				// Early, so that a compiling creation path fails here rather than after minutes of compiling.
+				nested, _, statements := jitCompiled(t, conn)
+				require.Zero(t, nested, "statements of create_task JIT-compiled: %q", statements)
+			}
 		}
 		after := readCreationStats(t, conn)
 		return creationReads{after.seq - before.seq, after.idx - before.idx}
