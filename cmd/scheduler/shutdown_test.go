@@ -29,8 +29,6 @@ func TestRunSIGTERMHonoursTheShutdownGrace(t *testing.T) {
 				require.Equal(t, 1, r.attempts)
 				require.Equal(t, 0, r.released, "the attempt is not handed back")
 				require.JSONEq(t, `{"slept_ms": 2000}`, r.output)
-				require.GreaterOrEqual(t, r.stopped, 1500*time.Millisecond,
-					"the daemon waited for the attempt (it ran 2 s from before the signal)")
 			})
 			t.Run("ReleasedAfterTheGrace", func(t *testing.T) {
 				t.Parallel()
