@@ -227,10 +227,10 @@ const (
 
 // outcomeReq is a completion (fail == nil) or a failure; token is the attempt's fencing token.
 type outcomeReq struct {
-	stepID  int64
-	token   int
-	output  json.RawMessage
-	fail    json.RawMessage // the error document of a failure
+	stepID int64
+	token  int
+	output json.RawMessage
+	fail   json.RawMessage // the error document of a failure
 }
 
 type outcomeRes struct {
