@@ -46,14 +46,40 @@ $$;
 -- a worker finishing a step, with the pruner or with another operator (docs/design-core.md, "Lock order").
 -- Locking every step up front also covers the steps the triggers then change (children, the task's claimable
 -- steps when it stops or starts being runnable).
+--
+-- One exception remains: a lifecycle function locks its own step before the other steps of the task its triggers
+-- change (a child whose count of unsatisfied parents moves, the claimable steps of a task that stops or starts
+-- being runnable), which may come first in id order. When such a worker and an operator meet on one task,
+-- PostgreSQL finds the cycle after deadlock_timeout and aborts one of the two: a worker retries its call
+-- (40P01 is retried); an operator's locking runs in a block of its own, rolled back and retried here, so an
+-- operator never fails with 40P01 (after _lock_retries tries it gives up with the error).
 CREATE OR REPLACE FUNCTION stepready._lock_task_and_steps(p_task_id bigint)
 RETURNS stepready.tasks
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_try int := 0;
 BEGIN
-    PERFORM 1 FROM stepready.steps WHERE task_id = p_task_id ORDER BY id FOR UPDATE;
-    RETURN stepready._lock_task(p_task_id);
+    LOOP
+        BEGIN
+            PERFORM 1 FROM stepready.steps WHERE task_id = p_task_id ORDER BY id FOR UPDATE;
+            RETURN stepready._lock_task(p_task_id);
+        EXCEPTION WHEN deadlock_detected THEN
+            v_try := v_try + 1;
+            IF v_try >= stepready._lock_retries() THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
+$$;
+
+-- How many times an operator's locking is tried when PostgreSQL breaks a deadlock by aborting it.
+CREATE OR REPLACE FUNCTION stepready._lock_retries()
+RETURNS int
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT 10;
 $$;
 
 -- The step-level operators' lock: every step of the step's task (ascending id), then the task row, as
@@ -68,11 +94,12 @@ DECLARE
 BEGIN
     SELECT task_id INTO v_task_id FROM stepready.steps WHERE id = p_step_id;
     IF FOUND THEN
-        PERFORM 1 FROM stepready.steps WHERE task_id = v_task_id ORDER BY id FOR UPDATE;
-        SELECT * INTO p_task FROM stepready.tasks WHERE id = v_task_id FOR NO KEY UPDATE;
-        IF FOUND THEN
-            SELECT * INTO p_step FROM stepready.steps WHERE id = p_step_id;
-        END IF;
+        BEGIN
+            p_task := stepready._lock_task_and_steps(v_task_id);
+        EXCEPTION WHEN no_data_found THEN
+            NULL; -- the task was deleted (pruned) while we waited: so was the step
+        END;
+        SELECT * INTO p_step FROM stepready.steps WHERE id = p_step_id;
     END IF;
     IF p_step.id IS NULL THEN
         RAISE EXCEPTION 'step % does not exist', p_step_id USING ERRCODE = 'P0002';
