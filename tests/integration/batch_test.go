@@ -22,9 +22,9 @@ type lcStarted struct {
 	Attempt       *int
 	AttemptNumber *int
 	Iteration     *int
-	Input     *string
-	Context   *string
-	Rules     *string
+	Input         *string
+	Context       *string
+	Rules         *string
 }
 
 // startSteps calls start_steps and returns its rows by step id.
