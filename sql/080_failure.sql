@@ -356,7 +356,7 @@ BEGIN
         FOR v IN
             SELECT s.* FROM stepready.steps s
              WHERE s.lease_expires_at < p_as_of AND s.state NOT IN ('enqueued', 'in_progress')
-             ORDER BY s.id
+             ORDER BY s.lease_expires_at -- read from steps_orphan_lease_idx, never the whole table
              LIMIT p_limit - k
                FOR UPDATE SKIP LOCKED
         LOOP
