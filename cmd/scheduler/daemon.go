@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/steps"
 	"github.com/stepready/stepready/steps/builtin"
 )
@@ -144,14 +145,19 @@ func (d *daemonFlags) config(reg *steps.Registry, logger *slog.Logger, metrics p
 const poolHeadroom = 5
 
 // openPool opens and checks the pool of the daemon. Unless the URL sets pool_max_conns, the pool gets one
-// connection per concurrent attempt plus headroom, so that workers do not queue for connections.
-func openPool(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
+// connection per concurrent attempt plus headroom, so that workers do not queue for connections. With pooler
+// (--poll-only, `scheduler ui`) it prepares no named statement, so that it works through a transaction pooler
+// (store.UsePoolerQueryMode: unless the URL names default_query_exec_mode).
+func openPool(ctx context.Context, url string, concurrency int, pooler bool) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("--database-url: %w", err)
 	}
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = max(cfg.MaxConns, int32(min(concurrency, 10_000))+poolHeadroom)
+	}
+	if pooler {
+		store.UsePoolerQueryMode(cfg.ConnConfig)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
@@ -177,6 +183,10 @@ func startClient(ctx context.Context, pool *pgxpool.Pool, d *daemonFlags, allowE
 		cfg, err := pgxpool.ParseConfig(d.sqlDatabaseURL)
 		if err != nil {
 			return nil, usagef("--sql-database-url: %w", err)
+		}
+		if d.pollOnly {
+			// Step SQL may go through the same pooler as the daemon: one statement per step, no named one.
+			store.UsePoolerQueryMode(cfg.ConnConfig)
 		}
 		if sqlPool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 			return nil, fmt.Errorf("open the sql handler's pool: %w", err)

@@ -100,7 +100,7 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 		defer health.close()
 	}
 
-	pool, err := openPool(ctx, p.databaseURL, p.daemon.concurrency)
+	pool, err := openPool(ctx, p.databaseURL, p.daemon.concurrency, p.daemon.pollOnly)
 	if err != nil {
 		return err
 	}

@@ -66,7 +66,7 @@ func newUICommand(opts *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			pool, err := openPool(cmd.Context(), url, 4)
+			pool, err := openPool(cmd.Context(), url, 4, true)
 			if err != nil {
 				return err
 			}

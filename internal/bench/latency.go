@@ -28,6 +28,9 @@ const (
 	// latencyPollInterval is the daemon's fallback poll during scenario 3: long enough that only a
 	// notification (or the daemon's own freed-capacity signal) can start a step in time.
 	latencyPollInterval = 10 * time.Second
+	// latencyPollOnlyInterval is the daemon's poll during scenario 3 with Options.PollOnly: no notification
+	// wakes it, so the poll interval (and the timer of due steps) carries the latency.
+	latencyPollOnlyInterval = 100 * time.Millisecond
 	// latencyTaskLimit bounds the wait for one chain; a chain that needs the fallback poll still makes it.
 	latencyTaskLimit = 30 * time.Second
 )
@@ -64,8 +67,12 @@ func chainLatency(ctx context.Context, env *Env, n int, mode string) (chainTimes
 		}
 		return nil, nil
 	}))
+	poll := latencyPollInterval
+	if env.Options.PollOnly {
+		poll = latencyPollOnlyInterval
+	}
 	c, err := stepready.NewClient(pool, stepready.Config{Registry: reg, Dispatch: mode, Concurrency: 10,
-		PollInterval: latencyPollInterval, Logger: env.Logger.With("component", "client")})
+		PollInterval: poll, PollOnly: env.Options.PollOnly, Logger: env.Logger.With("component", "client")})
 	if err != nil {
 		return chainTimes{}, err
 	}

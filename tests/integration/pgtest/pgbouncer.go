@@ -1,0 +1,74 @@
+package pgtest
+
+import (
+	"context"
+	"errors"
+	"net/url"
+	"os"
+	"slices"
+	"testing"
+
+	"github.com/stepready/stepready/internal/pgcluster"
+)
+
+// Bouncer is a PgBouncer in transaction pooling mode in front of the test server, for one test.
+type Bouncer struct {
+	b *pgcluster.PgBouncer
+}
+
+// PgBouncer starts a PgBouncer in transaction pooling mode (PgBouncer's other settings at their defaults:
+// unknown startup parameters refused, no prepared statement tracking) in front of the server of the given
+// postgres:// URLs (a database's URL, the URLs of LoginRole), which may connect through it with their own user;
+// Bouncer.URL gives each its URL through PgBouncer. It is stopped when t ends.
+//
+// Without a pgbouncer program the test is skipped, or fails when CI=true (.ci/run installs one): a broken
+// install must not pass CI unnoticed.
+func PgBouncer(t testing.TB, urls ...string) *Bouncer {
+	t.Helper()
+	if len(urls) == 0 {
+		t.Fatal("pgtest: PgBouncer: no URL")
+	}
+	var users []string
+	for _, u := range urls {
+		parsed, err := url.Parse(u)
+		if err != nil || parsed.User == nil {
+			t.Fatalf("pgtest: PgBouncer: %q: want a postgres:// URL with a user", u)
+		}
+		if name := parsed.User.Username(); !slices.Contains(users, name) {
+			users = append(users, name)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), operationTimeout)
+	defer cancel()
+	b, err := pgcluster.StartPgBouncer(ctx, pgcluster.PgBouncerOptions{Upstream: urls[0], Users: users,
+		// Enough server connections that the tests measure stepready, not a queue in PgBouncer.
+		Settings: []string{"default_pool_size = 40"}})
+	if errors.Is(err, pgcluster.ErrNoPgBouncer) {
+		if os.Getenv("CI") == "true" {
+			t.Fatal("pgtest: no pgbouncer found in CI (install the pgbouncer package; .ci/run does)")
+		}
+		t.Skip("pgtest: no pgbouncer installed (apt-get install pgbouncer)")
+	}
+	if err != nil {
+		t.Fatalf("pgtest: start pgbouncer: %v", err)
+	}
+	t.Cleanup(func() {
+		if err := b.Stop(); err != nil {
+			t.Errorf("pgtest: stop pgbouncer: %v", err)
+		}
+	})
+	return &Bouncer{b: b}
+}
+
+// URL returns u (one of the URLs given to PgBouncer) through PgBouncer.
+func (b *Bouncer) URL(t testing.TB, u string) string {
+	t.Helper()
+	through, err := b.b.URL(u)
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	return through
+}
+
+// Log returns what PgBouncer has logged so far.
+func (b *Bouncer) Log() string { return b.b.Log() }
