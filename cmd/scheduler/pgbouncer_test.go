@@ -11,14 +11,16 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
 
-// The templates of TestBehindPgBouncer: a diamond whose b fails twice (retried after 50 ms), a step that fails
-// once, permanently (retried by an operator), one that always fails permanently (resolved by an operator), and
-// the task a schedule fires every second.
+// The templates of TestBehindPgBouncer: a diamond whose b fails twice (retried after 50 ms); a step that fails
+// once and waits an hour for its retry (retried now by an operator), one that always fails (resolved by an
+// operator); the task a schedule fires every second; one that starts in an hour (paused, resumed, cancelled).
 const (
 	pgbDiamond = `name: pgb-diamond
 steps:
@@ -28,17 +30,36 @@ steps:
   - {name: c, handler: noop, depends_on: [a]}
   - {name: d, handler: noop, depends_on: [b, c]}
 `
-	pgbOnce   = "name: pgb-once\nsteps:\n  - {name: s, handler: fail, input: {times: 1, class: permanent}}\n"
-	pgbNever  = "name: pgb-never\nsteps:\n  - {name: s, handler: fail, input: {times: 1000, class: permanent}}\n"
+	pgbOnce = `name: pgb-once
+steps:
+  - {name: s, handler: fail, input: {times: 1, class: transient},
+     retry: {max_attempts: 2, backoff: fixed, base_delay_ms: 3600000}}
+`
+	pgbNever = `name: pgb-never
+steps:
+  - {name: s, handler: fail, input: {times: 1000, class: transient},
+     retry: {max_attempts: 5, backoff: fixed, base_delay_ms: 3600000}}
+`
 	pgbTick   = "name: pgb-tick\nsteps:\n  - {name: s, handler: noop}\n"
 	pgbLater  = "name: pgb-later\nsteps:\n  - {name: s, handler: noop}\n"
 	pgbTokens = "pgb-token"
 )
 
-// pgbouncerFailures are what a client of PgBouncer in transaction pooling mode logs or is told when it depends on
-// a session: named prepared statements that another server connection does not have (or already has), and
-// startup parameters PgBouncer refuses.
-var pgbouncerFailures = regexp.MustCompile(`(?i)prepared statement|unsupported startup parameter|pooler error`)
+// pgbouncerFailure matches what a client of PgBouncer in transaction pooling mode logs, or PgBouncer logs, when
+// the client depends on a session: a named prepared statement another server connection does not have (or
+// already has), a startup parameter PgBouncer refuses; and any error a client logs.
+var pgbouncerFailure = regexp.MustCompile(`(?i)prepared statement|unsupported startup parameter|pooler error|level=ERROR`)
+
+// pgbouncerFailures returns the lines of log that match pgbouncerFailure.
+func pgbouncerFailures(log string) []string {
+	var bad []string
+	for line := range strings.Lines(log) {
+		if pgbouncerFailure.MatchString(line) {
+			bad = append(bad, strings.TrimSpace(line))
+		}
+	}
+	return bad
+}
 
 // startBackground runs the command line in the background in an empty environment, logging into a buffer, until
 // the test ends or stop is called; stop returns its log and its error.
@@ -134,7 +155,8 @@ func TestBehindPgBouncer(t *testing.T) {
 			cli(adminURL, "schedule", "create", "tick", "--template", "pgb-tick", "--cron", "@every 1s")
 
 			// The daemon, as stepready_worker through PgBouncer, with a plain URL: --poll-only picks the query mode.
-			// Complete tasks are kept (the CLI reads them below); cancelled ones are pruned after a second.
+			// Complete tasks are kept (the CLI reads them below); cancelled (and failed) ones are pruned after a
+			// second.
 			stopDaemon := startBackground(t, "run", "--database-url", workerURL, "--dispatch", dispatch,
 				"--poll-only", "--poll-interval", "100ms", "--worker-id", "pgb-"+dispatch, "--retention-complete", "0",
 				"--retention-failed", "1s", "--prune-interval", "200ms", "--log-level", "debug")
@@ -156,8 +178,13 @@ func TestBehindPgBouncer(t *testing.T) {
 				JOIN stepready.steps b ON b.task_id = d.task_id AND b.name = 'b'
 				WHERE d.task_id = ANY ($1) AND d.name = 'd' AND d.last_attempted_at < b.completed_at`, diamonds).Scan(&outOfOrder))
 			require.Zero(t, outOfOrder, "d starts after b completes")
-			waitStatus(once, "error")
-			waitStatus(never, "error")
+			for _, id := range []int64{once, never} {
+				require.Eventually(t, func() bool {
+					var state string
+					err := db.Pool.QueryRow(ctx, `SELECT state FROM stepready.steps WHERE task_id = $1`, id).Scan(&state)
+					return err == nil && state == "waiting_for_retry"
+				}, time.Minute, 20*time.Millisecond, "task %d: its step waits an hour for its retry", id)
+			}
 
 			// The schedule fires every second.
 			require.Eventually(t, func() bool {
@@ -236,12 +263,12 @@ func TestBehindPgBouncer(t *testing.T) {
 			require.NoError(t, err, uiText)
 			daemonText, err := stopDaemon()
 			require.NoError(t, err, daemonText)
-			require.Contains(t, daemonText, "query_exec_mode=exec", "--poll-only picked the query mode")
 			for name, text := range map[string]string{"daemon": daemonText, "console": uiText,
 				"cli": transcript.String(), "pgbouncer": bouncer.Log()} {
-				require.NotRegexp(t, pgbouncerFailures, text, "%s log", name)
-				require.NotContains(t, text, "level=ERROR", "%s log", name)
+				require.Empty(t, pgbouncerFailures(text), "%s log", name)
 			}
+			require.Contains(t, daemonText, "query_exec_mode="+store.PoolerQueryExecMode.String(),
+				"--poll-only picked the query mode")
 		})
 	}
 }
@@ -260,4 +287,37 @@ func postBearer(t *testing.T, url, token string) int {
 	require.NoError(t, err)
 	require.NoError(t, resp.Body.Close())
 	return resp.StatusCode
+}
+
+// TestCLIConnectionKeepsNothingInTheSession: the CLI's connection works through a transaction pooler. An operator
+// command leaves nothing in the session: the actor was set for its transaction only (its event still says
+// cli), and no named prepared statement was made (a pooler would hand the next transaction a server connection
+// without it). Its connection sends no startup parameter of its own.
+func TestCLIConnectionKeepsNothingInTheSession(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	b := cliSetup(t)
+	task := b.createTask(`{"name": "session", "steps": [{"name": "s", "handler": "noop"}]}`)
+	step := b.stepID(task, "s")
+	b.exec(`UPDATE stepready.steps SET state = 'error', attempts = 1, max_attempts = 1 WHERE id = $1`, step)
+
+	o := &dbOptions{url: b.db.URL}
+	conn, err := o.connect(ctx)
+	require.NoError(t, err)
+	defer func() { require.NoError(t, conn.Close(ctx)) }()
+	require.NotContains(t, conn.Config().RuntimeParams, "stepready.actor", "no custom startup parameter")
+	_, err = runStepOperation(ctx, conn, "retry", step, func(ctx context.Context, tx pgx.Tx) error {
+		_, err := tx.Exec(ctx, `SELECT stepready.retry_step_now($1)`, step)
+		return err
+	})
+	require.NoError(t, err)
+
+	var actor string
+	var prepared int
+	require.NoError(t, conn.QueryRow(ctx, `SELECT COALESCE(current_setting('stepready.actor', true), ''),
+		(SELECT count(*) FROM pg_catalog.pg_prepared_statements)`).Scan(&actor, &prepared))
+	require.Empty(t, actor, "the actor is not a setting of the session")
+	require.Zero(t, prepared, "no named prepared statement")
+	require.Equal(t, int64(1), b.int64(`SELECT count(*) FROM stepready.step_events
+		WHERE step_id = $1 AND event = 'operator.retry_now' AND details ->> 'actor' = 'cli'`, step))
 }
