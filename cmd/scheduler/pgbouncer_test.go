@@ -150,6 +150,12 @@ func TestBehindPgBouncer(t *testing.T) {
 			for range 5 {
 				diamonds = append(diamonds, createTask("pgb-diamond"))
 			}
+			// Bulk creation: definitions from a file, contexts for a template.
+			cli(adminURL, "task", "create", "-f", writeFile(t, dir, "bulk.json", `[
+				{"name": "pgb-bulk", "steps": [{"name": "s", "handler": "noop"}]},
+				{"name": "pgb-bulk", "steps": [{"name": "s", "handler": "noop"}]}]`))
+			cli(adminURL, "task", "create", "pgb-later", "--contexts-file",
+				writeFile(t, dir, "contexts.jsonl", "{\"n\": 1}\n{\"n\": 2}\n"))
 			once, never := createTask("pgb-once"), createTask("pgb-never")
 			paused, cancelled := createTask("pgb-later", "--in", "1h"), createTask("pgb-later", "--in", "1h")
 			cli(adminURL, "schedule", "create", "tick", "--template", "pgb-tick", "--cron", "@every 1s")
@@ -169,6 +175,12 @@ func TestBehindPgBouncer(t *testing.T) {
 			for _, id := range diamonds {
 				waitStatus(id, "complete")
 			}
+			require.Eventually(t, func() bool {
+				var n int
+				err := db.Pool.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks WHERE status = 'complete'
+					AND (name = 'pgb-bulk' OR context ? 'n')`).Scan(&n)
+				return err == nil && n == 4
+			}, time.Minute, 20*time.Millisecond, "the tasks created in bulk run")
 			var attempts int
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT sum(attempts) FROM stepready.steps
 				WHERE task_id = ANY ($1) AND name = 'b'`, diamonds).Scan(&attempts))
