@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"os"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -103,6 +104,24 @@ type Options struct {
 	PgBouncer bool `json:"pgbouncer,omitempty"`
 }
 
+// label describes the options in a figure ("" for the default measurement).
+func (o Options) label() string {
+	var parts []string
+	if o.PgBouncer {
+		parts = append(parts, "through PgBouncer")
+	}
+	if o.PollOnly {
+		parts = append(parts, "poll-only")
+	}
+	if o.QueryExecMode != "" {
+		parts = append(parts, o.QueryExecMode)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
 // withParam returns the postgres:// URL u with the query parameter name set to value.
 func withParam(u, name, value string) (string, error) {
 	parsed, err := url.Parse(u)
@@ -168,6 +187,10 @@ func (e *Env) NewDB(ctx context.Context, maxConns int) (*pgxpool.Pool, string, e
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	return pool, url, err
 }
+
+// directURL is the URL of the newest database of NewDB straight to the cluster, without PgBouncer or
+// Options.QueryExecMode.
+func (e *Env) directURL() string { return e.Cluster.DatabaseURL(fmt.Sprintf("bench_%d", e.n)) }
 
 // Run runs every scenario at size and returns the report.
 func Run(ctx context.Context, size Size, logger *slog.Logger) (*Report, error) {
