@@ -22,6 +22,7 @@ import (
 
 	"github.com/stepready/stepready"
 	"github.com/stepready/stepready/internal/pgcluster"
+	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/migrations"
 	"github.com/stepready/stepready/steps"
 )
@@ -100,7 +101,8 @@ type Options struct {
 	// interval (latencyPollOnlyInterval) instead of 10 s.
 	PollOnly bool `json:"poll_only,omitempty"`
 	// PgBouncer puts a PgBouncer in transaction pooling mode between every pool and daemon of the run and the
-	// cluster (migrations and database creation go direct). It implies PollOnly.
+	// cluster (migrations, database creation and scenario 3's NOTIFY baseline go direct); the scenarios' own
+	// pools then use store.PoolerQueryExecMode unless QueryExecMode is set. It implies PollOnly.
 	PgBouncer bool `json:"pgbouncer,omitempty"`
 }
 
@@ -182,6 +184,10 @@ func (e *Env) NewDB(ctx context.Context, maxConns int) (*pgxpool.Pool, string, e
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, "", err
+	}
+	if e.bouncer != nil {
+		// The scenario's own queries (loading, waiting) go through PgBouncer too.
+		store.UsePoolerQueryMode(cfg.ConnConfig)
 	}
 	cfg.MaxConns = int32(maxConns)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
