@@ -16,10 +16,11 @@ type Bouncer struct {
 	b *pgcluster.PgBouncer
 }
 
-// PgBouncer starts a PgBouncer in transaction pooling mode (PgBouncer's other settings at their defaults:
-// unknown startup parameters refused, no prepared statement tracking) in front of the server of the given
-// postgres:// URLs (a database's URL, the URLs of LoginRole), which may connect through it with their own user;
-// Bouncer.URL gives each its URL through PgBouncer. It is stopped when t ends.
+// PgBouncer starts a PgBouncer in transaction pooling mode in front of the server of the given postgres:// URLs
+// (a database's URL, the URLs of LoginRole), which may connect through it with their own user; Bouncer.URL
+// gives each its URL through PgBouncer. It is as strict as a production PgBouncer: unknown startup parameters
+// are refused and prepared statements are not tracked (only its pool is larger than the default, 40 server
+// connections). It is stopped when t ends.
 //
 // Without a pgbouncer program the test is skipped, or fails when CI=true (.ci/run installs one): a broken
 // install must not pass CI unnoticed.
