@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -40,26 +39,10 @@ steps:
   - {name: s, handler: fail, input: {times: 1000, class: transient},
      retry: {max_attempts: 5, backoff: fixed, base_delay_ms: 3600000}}
 `
-	pgbTick   = "name: pgb-tick\nsteps:\n  - {name: s, handler: noop}\n"
-	pgbLater  = "name: pgb-later\nsteps:\n  - {name: s, handler: noop}\n"
-	pgbTokens = "pgb-token"
+	pgbTick  = "name: pgb-tick\nsteps:\n  - {name: s, handler: noop}\n"
+	pgbLater = "name: pgb-later\nsteps:\n  - {name: s, handler: noop}\n"
+	pgbToken = "pgb-token"
 )
-
-// pgbouncerFailure matches what a client of PgBouncer in transaction pooling mode logs, or PgBouncer logs, when
-// the client depends on a session: a named prepared statement another server connection does not have (or
-// already has), a startup parameter PgBouncer refuses; and any error a client logs.
-var pgbouncerFailure = regexp.MustCompile(`(?i)prepared statement|unsupported startup parameter|pooler error|level=ERROR`)
-
-// pgbouncerFailures returns the lines of log that match pgbouncerFailure.
-func pgbouncerFailures(log string) []string {
-	var bad []string
-	for line := range strings.Lines(log) {
-		if pgbouncerFailure.MatchString(line) {
-			bad = append(bad, strings.TrimSpace(line))
-		}
-	}
-	return bad
-}
 
 // startBackground runs the command line in the background in an empty environment, logging into a buffer, until
 // the test ends or stop is called; stop returns its log and its error.
@@ -169,7 +152,7 @@ func TestBehindPgBouncer(t *testing.T) {
 			// The console on its own (`scheduler ui`), as stepready_operator through PgBouncer, with actions.
 			uiAddr := freeAddr(t)
 			stopUI := startBackground(t, "ui", "--database-url", operatorURL, "--addr", uiAddr,
-				"--ui-allow-actions", "--ui-token", pgbTokens)
+				"--ui-allow-actions", "--ui-token", pgbToken)
 
 			// Creation, retries and the DAG.
 			for _, id := range diamonds {
@@ -263,7 +246,7 @@ func TestBehindPgBouncer(t *testing.T) {
 				require.NoError(t, err, path)
 				require.Equal(t, http.StatusOK, code, "%s: %s", path, body)
 			}
-			code := postBearer(t, fmt.Sprintf("%s/tasks/%d/pause", base, paused), pgbTokens)
+			code := postBearer(t, fmt.Sprintf("%s/tasks/%d/pause", base, paused), pgbToken)
 			require.Equal(t, http.StatusSeeOther, code)
 			var actor string
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT details ->> 'actor' FROM stepready.step_events
@@ -277,7 +260,7 @@ func TestBehindPgBouncer(t *testing.T) {
 			require.NoError(t, err, daemonText)
 			for name, text := range map[string]string{"daemon": daemonText, "console": uiText,
 				"cli": transcript.String(), "pgbouncer": bouncer.Log()} {
-				require.Empty(t, pgbouncerFailures(text), "%s log", name)
+				require.Empty(t, pgtest.PoolerFailures(text), "%s log", name)
 			}
 			require.Contains(t, daemonText, "query_exec_mode="+store.PoolerQueryExecMode.String(),
 				"--poll-only picked the query mode")

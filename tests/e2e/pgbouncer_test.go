@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -82,28 +80,12 @@ func TestPollOnlyClientBehindPgBouncer(t *testing.T) {
 			stopCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
 			defer cancel()
 			require.NoError(t, c.Stop(stopCtx))
-			require.Empty(t, pgbouncerFailures(log.String()), "the client's log")
-			require.Empty(t, pgbouncerFailures(bouncer.Log()), "PgBouncer's log")
+			require.Empty(t, pgtest.PoolerFailures(log.String()), "the client's log")
+			require.Empty(t, pgtest.PoolerFailures(bouncer.Log()), "PgBouncer's log")
 			require.Contains(t, log.String(), "query_exec_mode="+store.PoolerQueryExecMode.String())
 			require.Equal(t, pgx.QueryExecModeCacheStatement, pool.Config().ConnConfig.DefaultQueryExecMode,
 				"the caller's pool is left as it was")
 			require.NoError(t, pool.Ping(ctx), "and open")
 		})
 	}
-}
-
-// pgbouncerFailure matches what a client of PgBouncer in transaction pooling mode logs, or PgBouncer logs, when
-// the client depends on a session: a named prepared statement another server connection does not have (or
-// already has), a startup parameter PgBouncer refuses; and any error a client logs.
-var pgbouncerFailure = regexp.MustCompile(`(?i)prepared statement|unsupported startup parameter|pooler error|level=ERROR`)
-
-// pgbouncerFailures returns the lines of log that match pgbouncerFailure.
-func pgbouncerFailures(log string) []string {
-	var bad []string
-	for line := range strings.Lines(log) {
-		if pgbouncerFailure.MatchString(line) {
-			bad = append(bad, strings.TrimSpace(line))
-		}
-	}
-	return bad
 }

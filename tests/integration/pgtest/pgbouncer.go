@@ -5,7 +5,9 @@ import (
 	"errors"
 	"net/url"
 	"os"
+	"regexp"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/stepready/stepready/internal/pgcluster"
@@ -73,3 +75,20 @@ func (b *Bouncer) URL(t testing.TB, u string) string {
 
 // Log returns what PgBouncer has logged so far.
 func (b *Bouncer) Log() string { return b.b.Log() }
+
+// poolerFailure matches what a client of PgBouncer in transaction pooling mode logs, or PgBouncer logs, when the
+// client depends on its session: a named prepared statement that another server connection does not have (or
+// already has), a startup parameter PgBouncer refuses; and any error a client logs with slog's text handler.
+var poolerFailure = regexp.MustCompile(`(?i)prepared statement|unsupported startup parameter|pooler error|level=ERROR`)
+
+// PoolerFailures returns the lines of log (a client's or PgBouncer's) that say something depended on a session
+// behind PgBouncer, or any error a client logged; a test behind PgBouncer wants none.
+func PoolerFailures(log string) []string {
+	var bad []string
+	for line := range strings.Lines(log) {
+		if poolerFailure.MatchString(line) {
+			bad = append(bad, strings.TrimSpace(line))
+		}
+	}
+	return bad
+}
