@@ -53,10 +53,11 @@ CREATE OR REPLACE FUNCTION stepready._text_problem(p_value jsonb, p_allow_empty 
 RETURNS text
 LANGUAGE sql STABLE
 AS $$
-    SELECT CASE
-        WHEN p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN NULL
-        WHEN jsonb_typeof(p_value) <> 'string' OR (NOT p_allow_empty AND p_value = '""'::jsonb)
-            THEN format('must be a non-empty string, got %s', p_value)
+    SELECT CASE jsonb_typeof(p_value)
+        WHEN 'string' THEN CASE WHEN NOT p_allow_empty AND p_value #>> '{}' = ''
+                                THEN format('must be a non-empty string, got %s', p_value) END
+        WHEN 'null' THEN NULL
+        ELSE CASE WHEN p_value IS NOT NULL THEN format('must be a non-empty string, got %s', p_value) END
     END;
 $$;
 

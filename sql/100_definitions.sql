@@ -182,43 +182,51 @@ AS $$
        AND NOT p_definition ?| ARRAY['concurrency', 'rate_limit'];
 $$;
 
--- What is wrong with the name of a step that is an object, as the end of a message starting with `steps[i]`.
-CREATE OR REPLACE FUNCTION stepready._step_name_problem(p_step jsonb)
+-- The per-field checks of a step take the field's value (JSON null and absent alike: SQL NULL or JSON null), so
+-- that the set-based statements extract each field once (jsonb_to_record) instead of looking it up in every
+-- check.
+
+-- What is wrong with a step's name (p_name: the value of its "name"), as the end of a message starting with
+-- `steps[i]`.
+CREATE OR REPLACE FUNCTION stepready._step_name_problem(p_name jsonb)
 RETURNS text
 LANGUAGE sql STABLE
 AS $$
-    SELECT CASE WHEN stepready._text_problem(p_step -> 'name') IS NOT NULL
-                THEN ': name: ' || stepready._text_problem(p_step -> 'name')
-                WHEN p_step ->> 'name' IS NULL THEN ': name: is required' END;
+    SELECT CASE WHEN jsonb_typeof(p_name) = 'string' AND p_name #>> '{}' <> '' THEN NULL  -- the common case, first
+                WHEN stepready._text_problem(p_name) IS NOT NULL THEN ': name: ' || stepready._text_problem(p_name)
+                ELSE ': name: is required' END;
 $$;
 
 -- What is wrong with a step's handler, as the end of a message starting with `steps[i] "name"`.
-CREATE OR REPLACE FUNCTION stepready._step_handler_problem(p_step jsonb)
+CREATE OR REPLACE FUNCTION stepready._step_handler_problem(p_handler jsonb)
 RETURNS text
 LANGUAGE sql STABLE
 AS $$
-    SELECT COALESCE(': handler: ' || stepready._text_problem(p_step -> 'handler'),
-                    CASE WHEN p_step ->> 'handler' IS NULL THEN ': handler: is required' END);
+    SELECT CASE WHEN jsonb_typeof(p_handler) = 'string' AND p_handler #>> '{}' <> '' THEN NULL  -- the common case
+                WHEN stepready._text_problem(p_handler) IS NOT NULL THEN ': handler: ' || stepready._text_problem(p_handler)
+                ELSE ': handler: is required' END;
 $$;
 
 -- What is wrong with the type of a step's depends_on (its names are checked with the other steps), as the end of
 -- a message starting with `steps[i] "name"`.
-CREATE OR REPLACE FUNCTION stepready._step_depends_on_problem(p_step jsonb)
+CREATE OR REPLACE FUNCTION stepready._step_depends_on_problem(p_depends_on jsonb)
 RETURNS text
 LANGUAGE sql STABLE
 AS $$
-    SELECT CASE WHEN jsonb_typeof(p_step -> 'depends_on') NOT IN ('array', 'null')
+    SELECT CASE WHEN jsonb_typeof(p_depends_on) NOT IN ('array', 'null')
                 THEN ': depends_on: must be an array of step names' END;
 $$;
 
--- What is wrong with a plain step (_plain_step), as the end of a message starting with `steps[i]`.
-CREATE OR REPLACE FUNCTION stepready._plain_step_problem(p_step jsonb)
+-- What is wrong with a plain step (_plain_step), given its name, handler and depends_on, as the end of a message
+-- starting with `steps[i]`.
+CREATE OR REPLACE FUNCTION stepready._plain_step_problem(p_name jsonb, p_handler jsonb, p_depends_on jsonb)
 RETURNS text
 LANGUAGE sql STABLE
 AS $$
-    SELECT COALESCE(stepready._step_name_problem(p_step),
-                    ' "' || (p_step ->> 'name') || '"'
-                        || COALESCE(stepready._step_handler_problem(p_step), stepready._step_depends_on_problem(p_step)));
+    SELECT COALESCE(stepready._step_name_problem(p_name),
+                    ' "' || (p_name #>> '{}') || '"'
+                        || COALESCE(stepready._step_handler_problem(p_handler),
+                                    stepready._step_depends_on_problem(p_depends_on)));
 $$;
 
 -- What is wrong with the fields of a step that is an object with a name (p_where: `steps[2] "load"`), as a whole
@@ -233,7 +241,7 @@ AS $$
         p_where || ': ' || stepready._unknown_keys_problem(p_step,
             ARRAY['name', 'handler', 'input', 'depends_on', 'retry', 'timeout_ms', 'on_exhausted', 'rules',
                   'max_iterations', 'collect', 'queue', 'priority', 'breaker_limit', 'concurrency', 'rate_limit']),
-        p_where || stepready._step_handler_problem(p_step),
+        p_where || stepready._step_handler_problem(p_step -> 'handler'),
         stepready._retry_problem(p_step -> 'retry', p_where || ': retry', p_presets),
         p_where || ': timeout_ms: ' || stepready._integer_problem(p_step -> 'timeout_ms', 1),
         p_where || ': on_exhausted: ' || stepready._text_problem(p_step -> 'on_exhausted'),
@@ -261,7 +269,7 @@ AS $$
                 || CASE WHEN NULLIF(p_step -> 'rate_limit', 'null') IS NULL THEN ' (the task''s)' ELSE '' END,
             COALESCE(NULLIF(p_definition -> 'context', 'null'), '{}'),
             COALESCE(NULLIF(p_step -> 'input', 'null'), '{}')) END,
-        p_where || stepready._step_depends_on_problem(p_step));
+        p_where || stepready._step_depends_on_problem(p_step -> 'depends_on'));
 $$;
 
 -- What is wrong with step p_index (0-based) of a definition, on its own, as a whole message, or NULL: the full
@@ -276,7 +284,7 @@ BEGIN
     IF jsonb_typeof(p_step) <> 'object' THEN
         RETURN format('steps[%s]: must be an object', p_index);
     END IF;
-    v_problem := stepready._step_name_problem(p_step);
+    v_problem := stepready._step_name_problem(p_step -> 'name');
     IF v_problem IS NOT NULL THEN
         RETURN format('steps[%s]', p_index) || v_problem;
     END IF;
@@ -412,25 +420,28 @@ BEGIN
             OFFSET 0) h
      CROSS JOIN LATERAL (
             -- Each name → its 1-based position; a repeated name maps to its last position.
-            SELECT jsonb_object_agg(x.st ->> 'name', x.o) AS names
+            SELECT jsonb_object(array_agg(COALESCE(x.st ->> 'name', '')), array_agg(x.o::text)) AS names
               FROM jsonb_array_elements(h.steps) WITH ORDINALITY AS x(st, o)
-             WHERE h.ok AND jsonb_typeof(x.st -> 'name') = 'string') nm
+             WHERE h.ok) nm
      CROSS JOIN LATERAL (
             SELECT h.ok AND bool_and(COALESCE(
-                       stepready._plain_step(x.st, e.d) AND stepready._plain_step_problem(x.st) IS NULL
-                       AND (nm.names ->> (x.st ->> 'name'))::int = x.o
-                       AND CASE WHEN jsonb_typeof(x.st -> 'depends_on') IS DISTINCT FROM 'array'
-                                     OR jsonb_array_length(x.st -> 'depends_on') = 0 THEN true
-                                WHEN jsonb_array_length(x.st -> 'depends_on') = 1
-                                    THEN jsonb_typeof(x.st -> 'depends_on' -> 0) = 'string'
-                                         AND (nm.names ->> (x.st -> 'depends_on' ->> 0))::int < x.o
+                       f.plain AND stepready._plain_step_problem(f.name, f.handler, f.deps) IS NULL
+                       AND (nm.names ->> (f.name #>> '{}'))::int = x.o
+                       AND CASE WHEN jsonb_typeof(f.deps) IS DISTINCT FROM 'array' OR jsonb_array_length(f.deps) = 0
+                                THEN true
+                                WHEN jsonb_array_length(f.deps) = 1
+                                    THEN jsonb_typeof(f.deps -> 0) = 'string'
+                                         AND (nm.names ->> (f.deps ->> 0))::int < x.o
                                 ELSE (SELECT bool_and(COALESCE(jsonb_typeof(dv.v) = 'string'
                                                                AND (nm.names ->> (dv.v #>> '{}'))::int < x.o,
                                                                false))
                                              AND count(*) = count(DISTINCT dv.v)
-                                        FROM jsonb_array_elements(x.st -> 'depends_on') AS dv(v)) END,
+                                        FROM jsonb_array_elements(f.deps) AS dv(v)) END,
                        false)) AS ok
               FROM jsonb_array_elements(h.steps) WITH ORDINALITY AS x(st, o)
+             -- Each field once (the checks use them several times each).
+             CROSS JOIN LATERAL (SELECT stepready._plain_step(x.st, e.d) AS plain, x.st -> 'name' AS name,
+                                        x.st -> 'handler' AS handler, x.st -> 'depends_on' AS deps OFFSET 0) f
              WHERE h.ok) k;
     IF v_plain THEN
         RETURN;
@@ -459,9 +470,11 @@ BEGIN
     SELECT e.ord, p.m INTO v_ord, v_m
       FROM jsonb_array_elements(p_definitions) WITH ORDINALITY AS e(d, ord)
      CROSS JOIN LATERAL jsonb_array_elements(e.d -> 'steps') WITH ORDINALITY AS s(st, o)
+     CROSS JOIN LATERAL jsonb_to_record(CASE WHEN jsonb_typeof(s.st) = 'object' THEN s.st END)
+           AS f(name jsonb, handler jsonb, depends_on jsonb)
      CROSS JOIN LATERAL (SELECT CASE
                 WHEN stepready._plain_step(s.st, e.d)
-                    THEN 'steps[' || (s.o - 1) || ']' || stepready._plain_step_problem(s.st)
+                    THEN 'steps[' || (s.o - 1) || ']' || stepready._plain_step_problem(f.name, f.handler, f.depends_on)
                 ELSE stepready._step_check(s.st, (s.o - 1)::int, e.d, v_presets) END AS m) p
      WHERE e.ord < v_bound AND p.m IS NOT NULL
      ORDER BY e.ord, s.o
