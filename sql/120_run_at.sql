@@ -1,6 +1,7 @@
 -- Delayed start (SPEC §15): tasks.run_at. No step of a task is claimable before its run_at. The rule is carried
 -- by the steps' next_attempt_at (SPEC §2: it also delays a first attempt): _steps_materialize (020_policy.sql)
--- sets it to run_at for every step inserted pending with no attempt yet, and the trigger below moves it when
+-- sets it to run_at for every step inserted pending with no attempt yet (create_tasks writes it so itself, and
+-- parses run_at: _run_at_problem, 100_definitions.sql), and the trigger below moves it when
 -- run_at changes. So the claim index, claim_ready_steps and next_claim_at work unchanged and stay O(ready); a
 -- task scheduled for next year is one index entry per step, skipped inside the index, until then.
 -- step_readiness reports `scheduled` (050_readiness.sql) and explain says when (110_explain.sql).
