@@ -608,6 +608,7 @@ DECLARE
     v_tids     bigint[]; -- their task ids
     v_toffs    int[];    -- their offsets
     v_lost     text[];
+    v_notified bigint;
 BEGIN
     IF NOT stepready._validated_write() THEN
         RAISE EXCEPTION 'stepready._create_tasks does not run as the owner its triggers expect (was its owner changed '
@@ -774,7 +775,7 @@ BEGIN
         )
         -- Daemons are told (SPEC §6): every task created has a step with no parent, claimable now or at its run_at
         -- (which their wake-up timer must learn).
-        SELECT count(pg_notify('stepready_ready', t.tid::text)) INTO v_n FROM t;
+        SELECT count(pg_notify('stepready_ready', t.tid::text)) INTO v_notified FROM t;
     END IF;
 
     -- 6. One row per element, in input order.
