@@ -7,16 +7,17 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/stepready/stepready/internal/maintenance"
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/readiness"
-	"github.com/stepready/stepready/schedules"
 	"github.com/stepready/stepready/steps"
 )
 
-// service is a started client: the poller, the listener, the reaper, the schedule leader and a dispatcher.
+// service is a started client: the poller, the listener, the maintenance services and a dispatcher.
 type service struct {
-	cancelFetch context.CancelFunc // stops claiming, listening and reaping
+	cancelFetch context.CancelFunc // stops claiming and listening
 	fetchWG     sync.WaitGroup
+	maintainer  *maintenance.Maintainer
 	shutdown    func(context.Context) error // drains the dispatcher
 	stopped     chan struct{}
 	stopOnce    sync.Once
@@ -37,6 +38,17 @@ func (c *Client) Start(ctx context.Context) error {
 	cfg := c.cfg
 	log := cfg.Logger
 	m := metrics.New(cfg.Metrics)
+	maintainer, err := maintenance.New(maintenance.Config{
+		Env:              maintenance.Env{Pool: c.pool, Logger: log, Metrics: m},
+		LeaseReaper:      maintenance.LeaseReaperConfig{Interval: cfg.ReapInterval},
+		TaskPruner:       maintenance.TaskPrunerConfig{Interval: cfg.PruneInterval, RetentionComplete: cfg.RetentionComplete, RetentionFailed: cfg.RetentionFailed},
+		FlowKeyPruner:    maintenance.FlowKeyPrunerConfig{Interval: cfg.PruneInterval},
+		ScheduleEnqueuer: maintenance.ScheduleEnqueuerConfig{Interval: cfg.ScheduleInterval},
+		BacklogExporter:  maintenance.BacklogExporterConfig{Interval: cfg.BacklogInterval},
+	})
+	if err != nil {
+		return fmt.Errorf("stepready: %w", err)
+	}
 	exec := &steps.Executor{Pool: c.pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
 		DefaultTimeout: cfg.DefaultTimeout, MaxOutputBytes: cfg.MaxOutputBytes, Logger: log, Metrics: m}
 
@@ -44,7 +56,7 @@ func (c *Client) Start(ctx context.Context) error {
 	// one job at a time, also start them in batches (start_steps). The batchers stop after the dispatcher has
 	// drained, so every outcome of a worker that returned is recorded.
 	exec.Recorder = steps.NewBatchRecorder(c.pool, steps.BatchMaxDefault, log)
-	svc := &service{stopped: make(chan struct{})}
+	svc := &service{stopped: make(chan struct{}), maintainer: maintainer}
 	var disp readiness.Dispatcher
 	switch cfg.Dispatch {
 	case DispatchDirect:
@@ -101,13 +113,12 @@ func (c *Client) Start(ctx context.Context) error {
 		p.ClaimMax = max((cfg.Concurrency+1)/2, 1)
 	}
 	run("poller", p.Run)
-	rp := &readiness.Reaper{Pool: c.pool, Interval: cfg.ReapInterval, Logger: log, Metrics: m}
-	run("reaper", rp.Run)
-	pr := &readiness.Pruner{Pool: c.pool, Interval: cfg.PruneInterval, RetentionComplete: cfg.RetentionComplete,
-		RetentionFailed: cfg.RetentionFailed, Logger: log, Metrics: m}
-	run("pruner", pr.Run)
-	sl := &schedules.Leader{Pool: c.pool, Logger: log, Metrics: schedules.NewMetrics(cfg.Metrics)}
-	run("schedule leader", sl.Run)
+	if err := maintainer.Start(fetchCtx); err != nil {
+		cancel()
+		svc.fetchWG.Wait()
+		_ = svc.shutdown(ctx)
+		return fmt.Errorf("stepready: start maintenance: %w", err)
+	}
 
 	c.svc = svc
 	log.Info("stepready: client started", slog.String("worker", cfg.WorkerID), slog.String("dispatch", cfg.Dispatch),
@@ -133,7 +144,8 @@ func (c *Client) Stop(ctx context.Context) error {
 			slog.Duration("grace", c.cfg.ShutdownGrace))
 		svc.cancelFetch()
 		svc.fetchWG.Wait()
-		grace, cancel := context.WithTimeout(ctx, c.cfg.ShutdownGrace)
+		svc.maintainer.Stop()
+		grace, cancel := context.WithTimeout(ctx, max(c.cfg.ShutdownGrace, 0))
 		defer cancel()
 		svc.stopErr = svc.shutdown(grace)
 		log.Info("stepready: client stopped")

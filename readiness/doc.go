@@ -1,7 +1,7 @@
 // Package readiness finds work: it claims ready steps with stepready.claim_ready_steps and hands them to a
 // Dispatcher, waking on LISTEN/NOTIFY (channel stepready_ready), on a timer set to the earliest future
-// next_attempt_at the database knows of, and on a fallback poll interval. It also runs the lease reaper on the
-// one instance that wins an advisory lock each interval.
+// next_attempt_at the database knows of, and on a fallback poll interval. (Reaping the leases of dead workers is
+// a maintenance service: internal/maintenance.)
 //
 // Lifecycle of a Poller:
 //

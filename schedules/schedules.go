@@ -205,7 +205,7 @@ func Resume(ctx context.Context, db store.DBTX, name string) error {
 	if spec, err := Parse(s.Cron, s.Timezone); err == nil {
 		n := spec.Next(now)
 		next = &n
-	} // else: NULL, the leader reports the error
+	} // else: NULL, the schedule enqueuer reports the error
 	_, err = db.Exec(ctx, `SELECT stepready.resume_schedule($1, $2)`, name, next)
 	if err != nil {
 		return fmt.Errorf("schedules: resume %q: %w", name, wrapNotFound(err, name))

@@ -171,7 +171,7 @@ func TestExecutorHeartbeatKeepsALongAttemptAlive(t *testing.T) {
 		// Reap as the attempt runs: nothing is expired, so nothing is reaped.
 		deadline := time.Now().Add(3 * b.exec.Lease)
 		for time.Now().Before(deadline) {
-			n, err := store.ReapExpiredLeases(context.Background(), b.db.Pool)
+			n, err := store.ReapExpiredLeases(context.Background(), b.db.Pool, 1000)
 			if err != nil || n != 0 {
 				t.Errorf("reaper took the attempt: n=%d err=%v", n, err)
 				return

@@ -9,8 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/stepready/stepready/internal/maintenance"
 	"github.com/stepready/stepready/internal/store"
-	"github.com/stepready/stepready/readiness"
 )
 
 // pruneResult is the output of `scheduler prune`.
@@ -75,12 +75,12 @@ func newPruneCommand(_ *globalOptions) *cobra.Command {
 					res.Pruned = n
 				} else {
 					for {
-						n, err := store.PruneTasks(cmd.Context(), conn, res.FinishedBefore, statuses, readiness.PruneBatchDefault)
+						n, err := store.PruneTasks(cmd.Context(), conn, res.FinishedBefore, statuses, maintenance.BatchDefault)
 						if err != nil {
 							return err
 						}
 						res.Pruned += n
-						if n < readiness.PruneBatchDefault {
+						if n < maintenance.BatchDefault {
 							break
 						}
 					}

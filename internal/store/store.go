@@ -428,10 +428,11 @@ func ReleaseStep(ctx context.Context, db DBTX, stepID int64, attempt *int) (bool
 	return ok, nil
 }
 
-// ReapExpiredLeases runs the lease reaper once; it returns how many steps it handled.
-func ReapExpiredLeases(ctx context.Context, db DBTX) (int, error) {
+// ReapExpiredLeases runs reap_expired_leases once on at most limit expired leases; it returns how many steps it
+// handled.
+func ReapExpiredLeases(ctx context.Context, db DBTX, limit int) (int, error) {
 	var n int
-	if err := db.QueryRow(ctx, `SELECT stepready.reap_expired_leases()`).Scan(&n); err != nil {
+	if err := db.QueryRow(ctx, `SELECT stepready.reap_expired_leases(now(), $1)`, limit).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: reap expired leases: %w", err)
 	}
 	return n, nil
