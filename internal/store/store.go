@@ -490,13 +490,13 @@ func CountPrunable(ctx context.Context, db DBTX, finishedBefore time.Time, statu
 
 // QueueStat is one row of queue_stats: the backlog of one queue.
 type QueueStat struct {
-	Queue           string
-	Ready           int64
-	InFlight        int64
-	WaitingForRetry int64
-	DueWithinMinute int64
+	Queue           string `json:"queue"`
+	Ready           int64  `json:"ready"`
+	InFlight        int64  `json:"in_flight"`
+	WaitingForRetry int64  `json:"waiting_for_retry"`
+	DueWithinMinute int64  `json:"due_within_minute"`
 	// OldestReadySeconds is how long the oldest ready step has waited to be claimed (0: none ready).
-	OldestReadySeconds float64
+	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
 }
 
 // QueueStats calls queue_stats: per queue, ready, in flight, waiting for retry, due within a minute and the
