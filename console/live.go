@@ -25,8 +25,8 @@ type hub struct {
 	interval time.Duration
 	log      *slog.Logger
 
-	mu   sync.Mutex
-	subs map[int64]map[chan struct{}]struct{}
+	mu    sync.Mutex
+	subs  map[int64]map[chan struct{}]struct{}
 	read  int64 // the highest event id read so far (tests wait on it)
 	polls int   // polls done (tests wait on it)
 }

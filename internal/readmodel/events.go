@@ -88,7 +88,9 @@ func NewEventCursor(ctx context.Context, q Querier) (*EventCursor, error) {
 }
 
 // NewEventCursorAt returns a cursor that has seen every event up to id floor.
-func NewEventCursorAt(floor int64) *EventCursor { return &EventCursor{floor: floor, GapWait: DefaultGapWait} }
+func NewEventCursorAt(floor int64) *EventCursor {
+	return &EventCursor{floor: floor, GapWait: DefaultGapWait}
+}
 
 // Poll returns the events not seen before, oldest first, at most limit (the rest at the next Poll); now is the
 // caller's clock, used only to time the wait for a missing id.
