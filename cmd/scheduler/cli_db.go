@@ -93,18 +93,35 @@ func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format 
 // dbNow returns --as-of, or the database's current time when it is not set. Every time printed is relative to
 // it, so that a client with a wrong clock still prints the truth.
 func (o *dbOptions) dbNow(ctx context.Context, q pgx.Tx) (time.Time, error) {
-	if strings.TrimSpace(o.asOf) != "" {
-		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(o.asOf))
-		if err != nil {
-			return time.Time{}, usagef("--as-of %q: want an RFC 3339 time such as 2030-01-01T12:00:00Z", o.asOf)
-		}
-		return t, nil
+	if at, err := o.asOfTime(); err != nil || at != nil {
+		return deref(at), err
 	}
 	var now time.Time
 	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return time.Time{}, err
 	}
 	return now, nil
+}
+
+// asOfTime returns --as-of, or nil when it is not given (the database's clock then).
+func (o *dbOptions) asOfTime() (*time.Time, error) {
+	if strings.TrimSpace(o.asOf) == "" {
+		return nil, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(o.asOf))
+	if err != nil {
+		return nil, usagef("--as-of %q: want an RFC 3339 time such as 2030-01-01T12:00:00Z", o.asOf)
+	}
+	return &t, nil
+}
+
+// deref returns what p points to, or the zero value.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
 
 // dbError turns an error raised by a stepready function into the database's own message: a refusal such as

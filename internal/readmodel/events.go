@@ -11,8 +11,10 @@ import (
 
 // Event is one row of a task's history (stepready.step_events).
 type Event struct {
-	ID        int64           `json:"id"`
-	TaskID    int64           `json:"task_id"`
+	ID     int64 `json:"id"`
+	TaskID int64 `json:"task_id"`
+	// TaskName is filled by EventCursor.Poll only (the task's own pages know it).
+	TaskName  string          `json:"task_name,omitempty"`
 	StepID    *int64          `json:"step_id"`
 	StepName  *string         `json:"step_name"`
 	Attempt   *int32          `json:"attempt"`
@@ -54,10 +56,23 @@ func Timeline(ctx context.Context, q Querier, taskID int64) ([]Event, error) {
 	return collect(ctx, q, "timeline", scanEvent, taskID)
 }
 
-// EventRef names a new event: its id and task.
-type EventRef struct {
-	ID     int64
-	TaskID int64
+// TaskTimeline reads every event of task taskID, oldest first, in one snapshot; a task that does not exist is an
+// error wrapping ErrNotFound.
+func TaskTimeline(ctx context.Context, db Beginner, taskID int64) ([]Event, error) {
+	var events []Event
+	err := Snapshot(ctx, db, func(tx pgx.Tx) error {
+		var exists bool
+		if err := tx.QueryRow(ctx, query("task_exists"), taskID).Scan(&exists); err != nil {
+			return fmt.Errorf("readmodel: task exists: %w", err)
+		}
+		if !exists {
+			return notFoundf("task %d does not exist", taskID)
+		}
+		var err error
+		events, err = Timeline(ctx, tx, taskID)
+		return err
+	})
+	return events, err
 }
 
 // EventCursor follows the events written after it was made, for live views. Identity values are handed out at
@@ -92,21 +107,20 @@ func NewEventCursorAt(floor int64) *EventCursor {
 	return &EventCursor{floor: floor, GapWait: DefaultGapWait}
 }
 
-// Poll returns the events not seen before, oldest first, at most limit (the rest at the next Poll); now is the
-// caller's clock, used only to time the wait for a missing id.
-func (c *EventCursor) Poll(ctx context.Context, q Querier, limit int, now time.Time) ([]EventRef, error) {
-	rows, err := q.Query(ctx, query("new_events"), c.floor, limit+len(c.seen))
+// Poll returns the events not seen before, with their task's name, oldest first, at most limit (the rest at the
+// next Poll); now is the caller's clock, used only to time the wait for a missing id.
+func (c *EventCursor) Poll(ctx context.Context, q Querier, limit int, now time.Time) ([]Event, error) {
+	events, err := collect(ctx, q, "new_events", func(row pgx.Row, e *Event) error {
+		return row.Scan(&e.ID, &e.TaskID, &e.TaskName, &e.StepID, &e.StepName, &e.Attempt, &e.Iteration, &e.Event,
+			&e.FromState, &e.ToState, &e.Details, &e.At)
+	}, c.floor, limit+len(c.seen))
 	if err != nil {
-		return nil, fmt.Errorf("readmodel: new events: %w", err)
+		return nil, err
 	}
-	refs, err := pgx.CollectRows(rows, pgx.RowToStructByPos[EventRef])
-	if err != nil {
-		return nil, fmt.Errorf("readmodel: new events: %w", err)
-	}
-	var fresh []EventRef
-	for _, r := range refs {
-		if c.take(r.ID) {
-			fresh = append(fresh, r)
+	fresh := events[:0]
+	for _, e := range events {
+		if c.take(e.ID) {
+			fresh = append(fresh, e)
 			if len(fresh) == limit {
 				break
 			}

@@ -91,7 +91,7 @@ func Simulate(ctx context.Context, q Querier, name string, opts SimulateOptions)
 	err := scanPolicy(q.QueryRow(ctx, query("policy"), name, o.MaxAttempts, o.Retryable, o.Backoff, o.BaseDelayMs,
 		o.Multiplier, o.MaxDelayMs, o.Uncapped, o.Jitter), &sim.Policy)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("no retry policy %q (see `scheduler policy list`): %w", name, ErrNotFound)
+		return nil, notFoundf("no retry policy %q (see `scheduler policy list`)", name)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("readmodel: policy: %w", err)

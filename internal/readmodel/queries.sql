@@ -79,6 +79,10 @@ SELECT ev.id, ev.task_id, ev.step_id, s.name, ev.attempt, ev.iteration, ev.event
  ORDER BY ev.id DESC
  LIMIT $3;
 
+-- name: task_exists
+-- TaskTimeline: whether task $1 exists.
+SELECT EXISTS (SELECT 1 FROM stepready.tasks t WHERE t.id = $1);
+
 -- name: timeline
 -- Timeline: every event of task $1, oldest first.
 SELECT ev.id, ev.task_id, ev.step_id, s.name, ev.attempt, ev.iteration, ev.event, ev.from_state, ev.to_state,
@@ -89,9 +93,16 @@ SELECT ev.id, ev.task_id, ev.step_id, s.name, ev.attempt, ev.iteration, ev.event
  ORDER BY ev.id;
 
 -- name: new_events
--- EventCursor.Poll: the events with an id above $1 (the cursor's floor), oldest first, at most $2; the
--- task-id index is not needed: a range of the primary key.
-SELECT ev.id, ev.task_id FROM stepready.step_events ev WHERE ev.id > $1 ORDER BY ev.id LIMIT $2;
+-- EventCursor.Poll: the events with an id above $1 (the cursor's floor), oldest first, at most $2, with their
+-- task's and step's names: a range of the primary key, whatever the table holds.
+SELECT ev.id, ev.task_id, t.name, ev.step_id, s.name, ev.attempt, ev.iteration, ev.event, ev.from_state, ev.to_state,
+       ev.details, ev.at
+  FROM stepready.step_events ev
+  JOIN stepready.tasks t ON t.id = ev.task_id
+  LEFT JOIN stepready.steps s ON s.id = ev.step_id
+ WHERE ev.id > $1
+ ORDER BY ev.id
+ LIMIT $2;
 
 -- name: last_event_id
 -- NewEventCursor: the newest event id (the cursor starts after it).

@@ -325,13 +325,22 @@ func TestEventCursorSeesALateCommit(t *testing.T) {
 	require.Greater(t, earlyID, lateID)
 
 	now := time.Now()
+	ids := func(events []readmodel.Event) []int64 {
+		out := []int64{}
+		for _, e := range events {
+			require.Equal(t, taskID, e.TaskID)
+			require.Equal(t, "t", e.TaskName)
+			out = append(out, e.ID)
+		}
+		return out
+	}
 	got, err := c.Poll(ctx, db.Pool, 100, now)
 	require.NoError(t, err)
-	require.Equal(t, []readmodel.EventRef{{earlyID, taskID}}, got)
+	require.Equal(t, []int64{earlyID}, ids(got))
 	require.NoError(t, late.Commit(ctx))
 	got, err = c.Poll(ctx, db.Pool, 100, now.Add(time.Second))
 	require.NoError(t, err)
-	require.Equal(t, []readmodel.EventRef{{lateID, taskID}}, got, "the late commit is still seen")
+	require.Equal(t, []int64{lateID}, ids(got), "the late commit is still seen")
 	got, err = c.Poll(ctx, db.Pool, 100, now.Add(2*time.Second))
 	require.NoError(t, err)
 	require.Empty(t, got, "nothing twice")
@@ -345,14 +354,14 @@ func TestEventCursorSeesALateCommit(t *testing.T) {
 	require.NoError(t, db.Pool.QueryRow(ctx, insert, taskID).Scan(&afterID))
 	got, err = c.Poll(ctx, db.Pool, 100, now.Add(3*time.Second))
 	require.NoError(t, err)
-	require.Equal(t, []readmodel.EventRef{{afterID, taskID}}, got)
+	require.Equal(t, []int64{afterID}, ids(got))
 	_, err = c.Poll(ctx, db.Pool, 100, now.Add(3*time.Second+readmodel.DefaultGapWait))
 	require.NoError(t, err)
 	var nextID int64
 	require.NoError(t, db.Pool.QueryRow(ctx, insert, taskID).Scan(&nextID))
 	got, err = c.Poll(ctx, db.Pool, 100, now.Add(4*time.Second+readmodel.DefaultGapWait))
 	require.NoError(t, err)
-	require.Equal(t, []readmodel.EventRef{{nextID, taskID}}, got)
+	require.Equal(t, []int64{nextID}, ids(got))
 }
 
 // Every query of queries.sql is run by some read of this package's tests: a renamed column fails here.
@@ -380,7 +389,7 @@ func TestEveryQueryRuns(t *testing.T) {
 		_, err = readmodel.CountTasks(ctx, r, threshold)
 		require.NoError(t, err)
 	}
-	_, err = readmodel.Timeline(ctx, r, taskID)
+	_, err = readmodel.TaskTimeline(ctx, r, taskID)
 	require.NoError(t, err)
 	_, err = readmodel.Policies(ctx, r)
 	require.NoError(t, err)

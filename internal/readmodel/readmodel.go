@@ -26,8 +26,17 @@ var queriesSQL string
 // queries maps a query name ("-- name: x" in queries.sql) to its text.
 var queries = mustParseQueries(queriesSQL)
 
-// ErrNotFound is returned (wrapped, with what was missing) when a task, step or policy does not exist.
+// ErrNotFound is what errors.Is finds in the error of a read whose task, step or policy does not exist; the
+// error's own message says what was missing ("task 12 does not exist").
 var ErrNotFound = errors.New("not found")
+
+// notFound is an error that says what was missing and is ErrNotFound.
+type notFound struct{ msg string }
+
+func (e notFound) Error() string        { return e.msg }
+func (e notFound) Is(target error) bool { return target == ErrNotFound }
+
+func notFoundf(format string, args ...any) error { return notFound{fmt.Sprintf(format, args...)} }
 
 // Querier runs reads: a pool, a connection or a transaction.
 type Querier interface {

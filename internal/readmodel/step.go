@@ -44,7 +44,7 @@ func ReadStep(ctx context.Context, db Beginner, taskID, stepID int64, asOf *time
 		err = tx.QueryRow(ctx, query("step"), taskID, stepID).Scan(&d.TaskID, &d.Input, &d.Output, &d.Iteration,
 			&d.MaxIterations, &d.TimeoutMS, &d.Priority, &d.RetryPolicy)
 		if errors.Is(err, pgx.ErrNoRows) {
-			return fmt.Errorf("task %d has no step %d: %w", taskID, stepID, ErrNotFound)
+			return notFoundf("task %d has no step %d", taskID, stepID)
 		}
 		if err != nil {
 			return fmt.Errorf("readmodel: step: %w", err)
@@ -54,7 +54,7 @@ func ReadStep(ctx context.Context, db Beginner, taskID, stepID int64, asOf *time
 			return err
 		}
 		if len(t.StepList) != 1 {
-			return fmt.Errorf("task %d has no step %d: %w", taskID, stepID, ErrNotFound)
+			return notFoundf("task %d has no step %d", taskID, stepID)
 		}
 		d.Step = t.StepList[0]
 		if d.Reasons, err = reasons(ctx, tx, "reasons_step", stepID, d.AsOf); err != nil {
@@ -77,7 +77,7 @@ func StepID(ctx context.Context, q Querier, taskID int64, name string) (int64, e
 	var id int64
 	err := q.QueryRow(ctx, query("step_by_name"), taskID, name).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("task %d has no step %q: %w", taskID, name, ErrNotFound)
+		return 0, notFoundf("task %d has no step %q", taskID, name)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("readmodel: step by name: %w", err)
@@ -90,7 +90,7 @@ func StepTask(ctx context.Context, q Querier, stepID int64) (int64, error) {
 	var id int64
 	err := q.QueryRow(ctx, query("step_task"), stepID).Scan(&id)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("step %d does not exist: %w", stepID, ErrNotFound)
+		return 0, notFoundf("step %d does not exist", stepID)
 	}
 	if err != nil {
 		return 0, fmt.Errorf("readmodel: step task: %w", err)

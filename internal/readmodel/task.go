@@ -151,7 +151,7 @@ func readTaskSteps(ctx context.Context, q Querier, id int64, only []int64, asOf 
 		&t.Steps, &t.StepsUnsatisfied, &t.CreatedAt, &t.UpdatedAt, &t.Priority, &t.Context, &t.CompletedAt,
 		&t.RunAt, &t.ExecutionStatus, &t.NextAttemptAt)
 	if errors.Is(err, pgx.ErrNoRows) {
-		return nil, fmt.Errorf("task %d does not exist: %w", id, ErrNotFound)
+		return nil, notFoundf("task %d does not exist", id)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("readmodel: task: %w", err)
