@@ -67,7 +67,7 @@ func newTaskListCommand(o *dbOptions) *cobra.Command {
 					if t.Paused {
 						st += " (paused)"
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", t.ID, t.Name, st, t.Steps, relative(t.CreatedAt, now),
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", t.ID, termSafe(t.Name), st, t.Steps, relative(t.CreatedAt, now),
 						relative(t.UpdatedAt, now))
 				}
 				return tw.Flush()
@@ -181,7 +181,7 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 		paused = ", paused"
 	}
 	fmt.Fprintf(out, "task %d %q (%s%s): %s\n", t.ID, t.Name, t.Status, paused, t.ExecutionStatus)
-	fmt.Fprintf(out, "namespace %s · created %s · updated %s", t.Namespace, relative(t.CreatedAt, t.AsOf),
+	fmt.Fprintf(out, "namespace %s · created %s · updated %s", termSafe(t.Namespace), relative(t.CreatedAt, t.AsOf),
 		relative(t.UpdatedAt, t.AsOf))
 	if t.RunAt != nil && t.RunAt.After(t.AsOf) {
 		fmt.Fprintf(out, " · scheduled: starts at %s (%s)", t.RunAt.UTC().Format(time.RFC3339), relative(*t.RunAt, t.AsOf))
@@ -192,9 +192,9 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 	tw := newTable(out)
 	fmt.Fprintln(tw, "STEP\tID\tSTATE\tATTEMPT\tNEXT ATTEMPT\tREADY\tLAST ERROR")
 	for _, s := range t.tree {
-		name := strings.Repeat("  ", s.depth) + s.Name
+		name := strings.Repeat("  ", s.depth) + termSafe(s.Name)
 		if len(s.Parents) > 1 {
-			name += " (after " + strings.Join(s.Parents, ", ") + ")"
+			name += " (after " + termSafe(strings.Join(s.Parents, ", ")) + ")"
 		}
 		next := "-"
 		if s.NextAttemptAt != nil && (s.State == "pending" || s.State == "waiting_for_retry") {
@@ -210,7 +210,7 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 		case !s.Ready:
 			ready = orDash(s.BlockedReason)
 			if s.BlockedReason != nil && (*s.BlockedReason == "concurrency_limited" || *s.BlockedReason == "rate_limited") {
-				ready = s.Why // names the key: "concurrency limited by tenant:7: 2 of 2 in flight"
+				ready = termSafe(s.Why) // names the key: "concurrency limited by tenant:7: 2 of 2 in flight"
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\n", name, s.ID, s.State, s.Attempts, orDash(s.MaxAttempts),
@@ -230,9 +230,9 @@ func lastError(doc json.RawMessage) string {
 	}
 	msg := strings.Join(strings.Fields(e.Message), " ")
 	if len(msg) > 80 {
-		msg = msg[:77] + "..."
+		msg = strings.ToValidUTF8(msg[:77], "") + "..."
 	}
-	return strings.TrimSuffix(e.Class+": "+msg, ": ")
+	return termSafe(strings.TrimSuffix(e.Class+": "+msg, ": "))
 }
 
 func newTaskEventsCommand(o *dbOptions) *cobra.Command {
@@ -267,7 +267,7 @@ func newTaskEventsCommand(o *dbOptions) *cobra.Command {
 						details = "-"
 					}
 					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.At.UTC().Format("2006-01-02 15:04:05.000"),
-						orDash(e.StepName), orDash(e.Attempt), e.Event, change, details)
+						termSafePtr(e.StepName), orDash(e.Attempt), e.Event, change, termSafe(details))
 				}
 				return tw.Flush()
 			})
