@@ -293,6 +293,8 @@ BEGIN
     NEW.task_priority       := v_task.priority;
     NEW.breaker_fingerprint := NULL;
     NEW.breaker_count       := 0;
+    -- The fencing token is never below the attempt count (a row inserted in flight is fenced by its attempt).
+    NEW.fence_token         := GREATEST(COALESCE(NEW.fence_token, 0), NEW.attempts);
     -- run_at (SPEC §15) delays the first attempt like a backoff would, so the claim index and next_claim_at
     -- need nothing more (sql/120_run_at.sql).
     IF v_task.run_at IS NOT NULL AND NEW.state = 'pending' AND NEW.attempts = 0 THEN

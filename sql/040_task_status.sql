@@ -185,15 +185,18 @@ BEGIN
     IF v_notify IS NOT NULL THEN
         PERFORM stepready._notify_ready(v_notify);
     END IF;
-    -- A step leaving flight frees a slot of its concurrency key (SPEC §14): steps of that key that the last claim
-    -- left behind for want of a slot (flow_state.is_full) are claimable again, though no row of theirs changed.
-    IF EXISTS (SELECT 1 FROM old_rows o WHERE o.concurrency_key IS NOT NULL AND o.state IN ('enqueued', 'in_progress'))
+    -- A step that stops holding a slot of its concurrency key (SPEC §14; stepready._holds_slot: it leaves flight
+    -- with its lease, or its orphaned lease ends) frees it: steps of that key that the last claim left behind
+    -- for want of a slot (flow_state.is_full) are claimable again, though no row of theirs changed. (An orphaned
+    -- lease that runs out by time alone changes no row: the reaper's clearing of it notifies.)
+    IF EXISTS (SELECT 1 FROM old_rows o WHERE o.concurrency_key IS NOT NULL
+                  AND (o.state IN ('enqueued', 'in_progress') OR o.lease_expires_at IS NOT NULL))
     THEN
         SELECT array_agg(DISTINCT n.task_id) INTO v_notify
           FROM old_rows o
           JOIN new_rows n ON n.id = o.id
-         WHERE o.concurrency_key IS NOT NULL AND o.state IN ('enqueued', 'in_progress')
-           AND n.state NOT IN ('enqueued', 'in_progress')
+         WHERE o.concurrency_key IS NOT NULL AND (o.state IN ('enqueued', 'in_progress') OR o.lease_expires_at IS NOT NULL)
+           AND n.state NOT IN ('enqueued', 'in_progress') AND n.lease_expires_at IS NULL
            AND EXISTS (SELECT 1 FROM stepready.flow_state f WHERE f.key = o.concurrency_key AND f.is_full);
         IF v_notify IS NOT NULL THEN
             PERFORM stepready._notify_ready(v_notify);
@@ -252,8 +255,8 @@ CREATE OR REPLACE TRIGGER steps_count_deleted
     REFERENCING OLD TABLE AS changed_rows
     FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_count_rows();
 
--- Bookkeeping on every step update: updated_at, completed_at, leases outside flight, and task_held and
--- task_priority for a step that (re)enters a claimable state.
+-- Bookkeeping on every step update: updated_at, completed_at, the lease of a claim that leaves flight unstarted,
+-- the fencing token, and task_held and task_priority for a step that (re)enters a claimable state.
 CREATE OR REPLACE FUNCTION stepready._steps_before_update()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -262,6 +265,9 @@ BEGIN
     IF NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at THEN
         NEW.updated_at := now();
     END IF;
+    -- The fencing token never goes down and never falls below the attempt count: an update that sets attempts
+    -- itself (a fixture, a repair by hand) moves it along, so such an attempt is fenced by its number.
+    NEW.fence_token := GREATEST(NEW.fence_token, OLD.fence_token, NEW.attempts);
     IF NEW.state IS DISTINCT FROM OLD.state THEN
         IF NEW.state IN ('pending', 'waiting_for_retry') AND OLD.state NOT IN ('pending', 'waiting_for_retry') THEN
             SELECT t.paused OR t.status NOT IN ('pending', 'in_progress'), t.priority
@@ -275,7 +281,12 @@ BEGIN
         ELSE
             NEW.completed_at := NULL;
         END IF;
-        IF NEW.state NOT IN ('enqueued', 'in_progress') THEN
+        -- A claim that leaves flight unstarted (enqueued) has nothing running: its lease ends with it. The lease of a
+        -- started attempt is ended only by the calls that end the attempt (complete, fail, continue, release,
+        -- the reaper: they clear it themselves) or by its expiry. An operator that moves a running step out of
+        -- flight (cancel_task, resolve_step) leaves it, orphaned: the handler may still run, and the step keeps
+        -- its concurrency slot until the old worker reports or the lease expires (docs/design-core.md).
+        IF OLD.state = 'enqueued' AND NEW.state NOT IN ('enqueued', 'in_progress') THEN
             NEW.lease_owner := NULL;
             NEW.lease_expires_at := NULL;
         END IF;
@@ -285,19 +296,21 @@ END;
 $$;
 
 -- The WHEN clause calls the function only for a row that needs some of its work: the update left updated_at
--- alone, or changed the state without doing the rest itself (completed_at out of step with the state; a lease
--- left on a step outside flight). An update that sets updated_at takes on the rest of the bookkeeping: the
--- hot-path functions (claims, starts, completions, failures) set updated_at, completed_at and the lease, and
--- task_held and task_priority for a step entering a claimable state, in their own UPDATE, so a batch of them
--- costs no PL/pgSQL call per row.
+-- alone, lowered the fencing token below what it was or below the attempt count, or changed the state without
+-- doing the rest itself (completed_at out of step with the state; a lease left on a claim that leaves flight
+-- unstarted). An update that sets updated_at takes on the rest of the bookkeeping: the hot-path functions
+-- (claims, starts, completions, failures) set updated_at, completed_at, the lease and the token, and task_held
+-- and task_priority for a step entering a claimable state, in their own UPDATE, so a batch of them costs no
+-- PL/pgSQL call per row.
 CREATE OR REPLACE TRIGGER steps_before_update
     BEFORE UPDATE ON stepready.steps
     FOR EACH ROW
     WHEN (NEW.updated_at IS NOT DISTINCT FROM OLD.updated_at
+          OR NEW.fence_token < OLD.fence_token OR NEW.fence_token < NEW.attempts
           OR (NEW.state IS DISTINCT FROM OLD.state
               AND ((NEW.state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually'))
                       IS DISTINCT FROM (NEW.completed_at IS NOT NULL)
-                   OR (NEW.state NOT IN ('enqueued', 'in_progress')
+                   OR (OLD.state = 'enqueued' AND NEW.state NOT IN ('enqueued', 'in_progress')
                        AND (NEW.lease_owner IS NOT NULL OR NEW.lease_expires_at IS NOT NULL)))))
     EXECUTE FUNCTION stepready._steps_before_update();
 

@@ -183,17 +183,46 @@ AS $$
            END;
 $$;
 
--- Steps of a concurrency key enqueued or in progress (read through steps_in_flight_key_idx).
-CREATE OR REPLACE FUNCTION stepready._flow_in_flight(p_key text)
+-- Steps holding a slot of one concurrency key at p_as_of (stepready._holds_slot: in flight, or an orphaned lease
+-- not expired), read through steps_in_flight_key_idx by key. _flow_in_flight_keys counts many keys at once.
+DROP FUNCTION IF EXISTS stepready._flow_in_flight(text); -- before it took no p_as_of (no orphaned leases)
+CREATE OR REPLACE FUNCTION stepready._flow_in_flight(p_key text, p_as_of timestamptz)
 RETURNS int
 LANGUAGE sql STABLE
 AS $$
-    SELECT count(*)::int FROM stepready.steps
-     WHERE concurrency_key = p_key AND state IN ('enqueued', 'in_progress');
+    SELECT count(*)::int FROM stepready.steps s
+     WHERE s.concurrency_key = p_key AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of);
+$$;
+
+-- Steps holding a slot at p_as_of for each key of p_keys (a jsonb object whose keys are the concurrency keys),
+-- as an object key -> count (keys without any left out). The claim's count: at most one pass over the steps
+-- holding slots, whatever index the planner takes, each row's key looked up in the object (a binary search).
+-- Not `= ANY (array)`: over an array that is not a constant that is a linear search per row (measured: 97 ms
+-- for 4,000 steps in flight and a batch of 1,000 keys). The same rule as _flow_in_flight (_holds_slot).
+--
+-- PL/pgSQL for its cached plan (a SQL function with a FROM clause is planned again on every call), read by the
+-- claim in a statement of its own after it locked the keys: the statement's snapshot sees every claim of those
+-- keys committed before the locks were granted.
+CREATE OR REPLACE FUNCTION stepready._flow_in_flight_keys(p_keys jsonb, p_as_of timestamptz)
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+SET plan_cache_mode = force_generic_plan
+-- The partial index steps_in_flight_key_idx holds exactly the rows that may hold a slot: read it, never the table.
+SET enable_seqscan = off
+SET enable_bitmapscan = off
+AS $$
+BEGIN
+    RETURN (SELECT COALESCE(jsonb_object_agg(c.key, c.n), '{}')
+              FROM (SELECT s.concurrency_key AS key, count(*) AS n FROM stepready.steps s
+                     WHERE s.concurrency_key IS NOT NULL
+                       AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of)
+                       AND p_keys ? s.concurrency_key
+                     GROUP BY s.concurrency_key) c);
+END;
 $$;
 
 -- Why flow control holds a step that is otherwise ready at p_as_of, or NULL: 'concurrency_limited' when its
--- concurrency key has its limit of steps in flight, else 'rate_limited' when its rate key has no token. The
+-- concurrency key has its limit of steps holding a slot (_holds_slot), else 'rate_limited' when its rate key has no token. The
 -- operator overrides of flow_limits win over the step's own limits. The claim applies the same rule
 -- (_claim_flow_group).
 CREATE OR REPLACE FUNCTION stepready._flow_blocked(p_concurrency_key text, p_concurrency_limit int,
@@ -204,7 +233,7 @@ LANGUAGE sql STABLE
 AS $$
     SELECT CASE
         WHEN p_concurrency_key IS NOT NULL
-             AND stepready._flow_in_flight(p_concurrency_key)
+             AND stepready._flow_in_flight(p_concurrency_key, p_as_of)
                  >= COALESCE((SELECT l.concurrency_limit FROM stepready.flow_limits l WHERE l.key = p_concurrency_key),
                              p_concurrency_limit)
         THEN 'concurrency_limited'
@@ -380,7 +409,7 @@ AS $$
                COALESCE(l.rate_limit, f.rate_limit, w.r_limit) AS r_limit,
                COALESCE(l.rate_period_ms, f.rate_period_ms, w.r_period) AS r_period,
                f.rate_tat, l.key IS NOT NULL AS overridden,
-               stepready._flow_in_flight(k.key) AS in_flight, COALESCE(w.waiting, 0) AS waiting
+               stepready._flow_in_flight(k.key, p_as_of) AS in_flight, COALESCE(w.waiting, 0) AS waiting
           FROM (SELECT f.key FROM stepready.flow_state f UNION SELECT l.key FROM stepready.flow_limits l
                 UNION SELECT w.key FROM w) k
           LEFT JOIN stepready.flow_limits l ON l.key = k.key
@@ -428,7 +457,8 @@ BEGIN
          WHERE (f.rate_tat IS NULL OR f.rate_tat <= p_as_of)
            AND (f.wake_at IS NULL OR f.wake_at <= p_as_of)
            AND NOT EXISTS (SELECT 1 FROM stepready.steps s
-                            WHERE s.concurrency_key = f.key AND s.state IN ('enqueued', 'in_progress'))
+                            WHERE s.concurrency_key = f.key
+                              AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of))
          ORDER BY f.key
          LIMIT p_limit
            FOR UPDATE SKIP LOCKED

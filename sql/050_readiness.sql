@@ -2,10 +2,14 @@
 -- (parent rows, task row); the claim path uses the trigger-maintained pending_parents counter, which the
 -- boundary tests hold equal to what step_readiness computes here.
 
--- Why a step is not ready, or NULL when it is. The order of the checks is the documented precedence.
+-- Why a step is not ready, or NULL when it is. The order of the checks is the documented precedence. A step made
+-- ready again while an attempt of it still runs (an orphaned lease: sql/046_leases.sql) is in_flight until that
+-- attempt ends.
+DROP FUNCTION IF EXISTS stepready._blocked_reason(text, bool, text, bool, int, int, bool, timestamptz, timestamptz);
 CREATE OR REPLACE FUNCTION stepready._blocked_reason(
     p_task_status text, p_task_paused bool, p_state text, p_dependencies_satisfied bool,
-    p_attempts int, p_max_attempts int, p_retryable bool, p_next_attempt_at timestamptz, p_as_of timestamptz)
+    p_attempts int, p_max_attempts int, p_retryable bool, p_next_attempt_at timestamptz, p_as_of timestamptz,
+    p_lease_expires_at timestamptz)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
 AS $$
@@ -13,7 +17,7 @@ AS $$
         WHEN p_task_status NOT IN ('pending', 'in_progress') THEN 'task_not_active'
         WHEN p_task_paused THEN 'task_paused'
         WHEN p_state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually') THEN 'terminal'
-        WHEN p_state IN ('enqueued', 'in_progress') THEN 'in_flight'
+        WHEN stepready._holds_slot(p_state, p_lease_expires_at, p_as_of) THEN 'in_flight'
         WHEN NOT p_dependencies_satisfied THEN 'waiting_for_dependencies'
         WHEN NOT stepready.retry_eligible(p_attempts, p_max_attempts, p_retryable)
              AND NOT COALESCE(p_retryable, true) THEN 'not_retryable'
@@ -55,7 +59,7 @@ AS $$
                     ELSE COALESCE(stepready._blocked_reason(t.status, t.paused, s.state,
                                                             par.total = par.satisfied, s.attempts,
                                                             s.max_attempts, s.retryable, s.next_attempt_at,
-                                                            p_as_of),
+                                                            p_as_of, s.lease_expires_at),
                                   -- SPEC §14: after backoff, only for a step that could otherwise start.
                                   CASE WHEN s.concurrency_key IS NOT NULL OR s.rate_key IS NOT NULL
                                        THEN stepready._flow_blocked(s.concurrency_key, s.concurrency_limit,
@@ -110,7 +114,9 @@ AS $$
      CROSS JOIN LATERAL (
         SELECT count(*)::int AS total,
                (count(*) FILTER (WHERE r.state = 'pending'))::int AS pending,
-               (count(*) FILTER (WHERE r.state IN ('enqueued', 'in_progress')))::int AS in_flight,
+               -- In flight, or made ready again while an earlier attempt still runs (reported in_flight).
+               (count(*) FILTER (WHERE r.state IN ('enqueued', 'in_progress')
+                                    OR r.blocked_reason = 'in_flight'))::int AS in_flight,
                (count(*) FILTER (WHERE r.state = 'waiting_for_retry'))::int AS waiting,
                (count(*) FILTER (WHERE r.state IN ('complete', 'resolved_manually')))::int AS completed,
                (count(*) FILTER (WHERE r.state = 'error'))::int AS errored,

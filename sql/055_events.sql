@@ -13,21 +13,9 @@ BEGIN
 END;
 $$;
 
--- Raises the standard "no such step" error (P0002) unless the step exists; returns the row locked.
-CREATE OR REPLACE FUNCTION stepready._lock_step(p_step_id bigint)
-RETURNS stepready.steps
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v stepready.steps;
-BEGIN
-    SELECT * INTO v FROM stepready.steps WHERE id = p_step_id FOR UPDATE;
-    IF NOT FOUND THEN
-        RAISE EXCEPTION 'step % does not exist', p_step_id USING ERRCODE = 'P0002';
-    END IF;
-    RETURN v;
-END;
-$$;
+-- _lock_step locked one step for the step-level operators, which now lock their whole task (_lock_step_and_task,
+-- sql/090_operators.sql: one lock order).
+DROP FUNCTION IF EXISTS stepready._lock_step(bigint);
 
 -- Validates the common arguments of the lifecycle functions.
 CREATE OR REPLACE FUNCTION stepready._check_lease_args(p_worker text, p_lease_ms bigint)

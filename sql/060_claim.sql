@@ -208,18 +208,12 @@ BEGIN
             v_got := stepready._claim_flow_lock(v_batch, p_locked);
             p_locked := p_locked OR cardinality(v_got) > 0;
             v_skipped := v_skipped OR cardinality(v_got) < cardinality(array_remove(v_batch, ''));
-            -- Steps in flight of the keys locked, counted once for all of them: whatever index the planner
-            -- takes, at most one pass over the steps in flight, each row's key looked up in a jsonb object (a
-            -- binary search). Not `= ANY (v_got)`: over an array that is not a constant that is a linear search
-            -- per row (measured: 97 ms for 4,000 steps in flight and a batch of 1,000 keys).
+            -- Steps holding slots of the keys locked (in flight, or orphaned leases: _holds_slot), counted once
+            -- for all of them by _flow_in_flight_keys (at most one pass over the steps holding slots).
             v_flight := '{}';
             IF cardinality(v_got) > 0 THEN
                 SELECT jsonb_object_agg(k.key, true) INTO v_keyset FROM unnest(v_got) AS k(key);
-                SELECT COALESCE(jsonb_object_agg(c.key, c.n), '{}') INTO v_flight
-                  FROM (SELECT s.concurrency_key AS key, count(*) AS n FROM stepready.steps s
-                         WHERE s.concurrency_key IS NOT NULL AND s.state IN ('enqueued', 'in_progress')
-                           AND v_keyset ? s.concurrency_key
-                         GROUP BY s.concurrency_key) c;
+                SELECT stepready._flow_in_flight_keys(v_keyset, p_as_of) INTO v_flight;
             END IF;
             SELECT jsonb_object_agg(b.key, b.id) INTO v_firstmap FROM unnest(v_batch, v_first) AS b(key, id);
             -- A batch is in key order ('' first when it is in it): key order is ring order.
@@ -541,7 +535,10 @@ $$;
 -- Claims and starts in one statement, for a dispatcher that runs what it claims at once (direct dispatch): each
 -- step goes from its ready state through enqueued to in_progress with both events (step.enqueued, then
 -- attempt.started), exactly as claim_ready_steps followed by start_step would leave it, but with one row update.
--- Returns the started attempts in claim order with what their handlers need: attempt is the fencing token.
+-- Returns the started attempts in claim order with what their handlers need: `attempt` is the fencing token
+-- (every later call of the attempt carries it), `attempt_number` the attempt's number within its iteration
+-- (what users, rules and events see; equal to the token until the step is reset or repeats).
+DROP FUNCTION IF EXISTS stepready.claim_and_start_steps(int, text, bigint, timestamptz); -- before attempt_number
 CREATE OR REPLACE FUNCTION stepready.claim_and_start_steps(
     p_limit int, p_worker text, p_lease_ms bigint, p_as_of timestamptz DEFAULT now())
 RETURNS TABLE (
@@ -555,7 +552,8 @@ RETURNS TABLE (
     queue      text,
     iteration  int,
     context    jsonb,
-    rules      jsonb)
+    rules      jsonb,
+    attempt_number int)
 LANGUAGE plpgsql
 -- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
 -- would re-plan every statement on every call (arrays make every custom plan look cheaper).
@@ -583,6 +581,7 @@ BEGIN
         UPDATE stepready.steps s
            SET state = 'in_progress',
                attempts = s.attempts + 1,
+               fence_token = s.fence_token + 1,
                last_attempted_at = p_as_of,
                updated_at = now(),
                lease_owner = p_worker,
@@ -600,8 +599,8 @@ BEGIN
                AS e(n, event, from_state, to_state, attempt)
          ORDER BY c.ord, e.n
     )
-    SELECT c.id, c.task_id, c.name, c.handler, c.input, c.attempts, c.timeout_ms, c.queue, c.iteration,
-           t.context, c.rules
+    SELECT c.id, c.task_id, c.name, c.handler, c.input, c.fence_token, c.timeout_ms, c.queue, c.iteration,
+           t.context, c.rules, c.attempts
       FROM started c
       JOIN stepready.tasks t ON t.id = c.task_id
      ORDER BY c.ord;

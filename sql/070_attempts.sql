@@ -1,6 +1,9 @@
 -- The attempt lifecycle after a claim (SPEC §6): start, heartbeat, complete, continue, release.
--- Every write is fenced on (step, attempt, state): a late or duplicate call changes nothing and returns
--- false / NULL.
+-- Every write is fenced on (step, fencing token, state): a late or duplicate call changes nothing and returns
+-- false / NULL. The token (steps.fence_token) is incremented by every start and never lowered, so it never
+-- repeats for a step, whatever reset_task, retry_step_now, continue_step or the reaper do to `attempts`; the
+-- attempt number users see (`attempts`, recorded in events) is returned beside it. A refused call whose token
+-- is the step's own ends the attempt's orphaned lease, if it has one (sql/046_leases.sql).
 
 -- The state a step returns to when an attempt is handed back uncharged.
 CREATE OR REPLACE FUNCTION stepready._ready_state(p_attempts int)
@@ -41,8 +44,9 @@ BEGIN
 END;
 $$;
 
--- enqueued → in_progress for a batch of claimed steps: charges each attempt and returns its number, the fencing
--- token every later call of that attempt carries, with what the handler needs (iteration, input, the task's
+-- enqueued → in_progress for a batch of claimed steps: charges each attempt and returns its fencing token
+-- (`attempt`: every later call of that attempt carries it), its attempt number (`attempt_number`, 1-based within
+-- the iteration: what users, rules and events see) and what the handler needs (iteration, input, the task's
 -- context, rules). One row per requested id (in no particular order); attempt is NULL when the step must not run:
 -- it is no longer enqueued (cancelled, reaped, started elsewhere) or does not exist, or its task stopped being
 -- runnable since the claim (the step then goes back to its ready state, uncharged, with a step.released event).
@@ -52,9 +56,11 @@ $$;
 -- looked up by primary key only (a state test beside the id could make the planner prefer the small partial lease
 -- index and read every leased row), tasks through a scalar subquery per row, and two sets are never joined to
 -- each other (a cached nested loop over two sets is quadratic).
+DROP FUNCTION IF EXISTS stepready.start_steps(bigint[], text, bigint, timestamptz); -- before attempt_number
 CREATE OR REPLACE FUNCTION stepready.start_steps(
     p_step_ids bigint[], p_worker text, p_lease_ms bigint, p_as_of timestamptz DEFAULT now())
-RETURNS TABLE (step_id bigint, attempt int, iteration int, input jsonb, context jsonb, rules jsonb)
+RETURNS TABLE (step_id bigint, attempt int, iteration int, input jsonb, context jsonb, rules jsonb,
+               attempt_number int)
 LANGUAGE plpgsql
 -- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
 -- would re-plan every statement on every call (arrays make every custom plan look cheaper).
@@ -104,12 +110,13 @@ BEGIN
             UPDATE stepready.steps s
                SET state = 'in_progress',
                    attempts = s.attempts + 1,
+                   fence_token = s.fence_token + 1,
                    last_attempted_at = p_as_of,
                    updated_at = now(),
                    lease_owner = p_worker,
                    lease_expires_at = v_lease
              WHERE s.id = ANY (v_start)
-            RETURNING s.id, s.task_id, s.attempts, s.iteration, s.input, s.rules, s.lease_expires_at,
+            RETURNING s.id, s.task_id, s.attempts, s.fence_token, s.iteration, s.input, s.rules, s.lease_expires_at,
                       (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id) AS context
         ), logged AS (
             INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
@@ -119,16 +126,16 @@ BEGIN
               FROM started st
              ORDER BY st.id
         )
-        SELECT st.id, st.attempts, st.iteration, st.input, st.context, st.rules FROM started st;
+        SELECT st.id, st.fence_token, st.iteration, st.input, st.context, st.rules, st.attempts FROM started st;
     END IF;
     -- EXCEPT hashes (see complete_steps).
-    RETURN QUERY SELECT f.id, NULL::int, NULL::int, NULL::jsonb, NULL::jsonb, NULL::jsonb
+    RETURN QUERY SELECT f.id, NULL::int, NULL::int, NULL::jsonb, NULL::jsonb, NULL::jsonb, NULL::int
                    FROM (SELECT x FROM unnest(p_step_ids) AS x EXCEPT ALL SELECT y FROM unnest(v_start) AS y) AS f(id);
 END;
 $$;
 
--- enqueued → in_progress for one step: start_steps of a one-element batch. Returns the attempt number, or NULL
--- when the step must not run.
+-- enqueued → in_progress for one step: start_steps of a one-element batch. Returns the attempt's fencing token
+-- (equal to its attempt number until the step is reset or repeats), or NULL when the step must not run.
 CREATE OR REPLACE FUNCTION stepready.start_step(
     p_step_id bigint, p_worker text, p_lease_ms bigint, p_as_of timestamptz DEFAULT now())
 RETURNS int
@@ -143,7 +150,9 @@ BEGIN
 END;
 $$;
 
--- Extends the lease of a running attempt. False when the attempt is no longer the running one.
+-- Extends the lease of a running attempt (p_attempt: its fencing token). False when the attempt is no longer the
+-- running one; an orphaned lease is neither extended nor ended (the handler may still run: the worker cancels
+-- it and reports once it has returned).
 CREATE OR REPLACE FUNCTION stepready.heartbeat_step(
     p_step_id bigint, p_attempt int, p_lease_ms bigint, p_as_of timestamptz DEFAULT now())
 RETURNS bool
@@ -155,15 +164,16 @@ BEGIN
     END IF;
     UPDATE stepready.steps
        SET lease_expires_at = p_as_of + p_lease_ms * interval '1 millisecond'
-     WHERE id = p_step_id AND state = 'in_progress' AND attempts = p_attempt;
+     WHERE id = p_step_id AND state = 'in_progress' AND fence_token = p_attempt;
     RETURN FOUND;
 END;
 $$;
 
--- in_progress → complete for a batch of successful attempts (parallel arrays: step, attempt, output), each output
--- collected per the step's collect mode, each with the attempt.succeeded and step.completed events. Fenced per
--- entry: an entry whose step is not in_progress with that attempt (or does not exist) changes nothing. One row per
--- entry (in no particular order): completed is false for a fenced entry. Rows are locked in ascending id: the
+-- in_progress → complete for a batch of successful attempts (parallel arrays: step, fencing token, output), each
+-- output collected per the step's collect mode, each with the attempt.succeeded and step.completed events. Fenced
+-- per entry: an entry whose step is not in_progress with that token (or does not exist) changes nothing but the
+-- end of its attempt's orphaned lease (_end_orphans). One row per entry (in no particular order): completed is
+-- false for a fenced entry. Rows are locked in ascending id: the
 -- sorted entries drive a nested loop over the primary key (the generic plan), so the update takes its row locks in
 -- that order without a separate locking pass. A collect error (collect = merge with a non-object output) fails
 -- the whole statement. The statements are written for a generic plan, as in start_steps.
@@ -177,7 +187,9 @@ SET plan_cache_mode = force_generic_plan
 AS $$
 #variable_conflict use_column
 DECLARE
-    v_ok bigint[];
+    v_ok     bigint[];
+    v_fenced bigint[];
+    v_tokens int[];
 BEGIN
     PERFORM stepready._check_step_ids(p_step_ids, 'p_step_ids');
     PERFORM stepready._check_entries(p_step_ids, cardinality(p_attempts), 'p_attempts');
@@ -194,7 +206,7 @@ BEGIN
           FROM (SELECT x.id, x.attempt, x.output FROM unnest(p_step_ids, p_attempts, p_outputs) AS x(id, attempt, output)
                  ORDER BY x.id) AS u
          -- IS TRUE keeps the planner off the partial lease index (see start_steps): the lookup is by id.
-         WHERE s.id = u.id AND (s.state = 'in_progress' AND s.attempts = u.attempt) IS TRUE
+         WHERE s.id = u.id AND (s.state = 'in_progress' AND s.fence_token = u.attempt) IS TRUE
         RETURNING s.id, s.task_id, s.attempts, s.iteration
     ), logged AS (
         INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
@@ -208,8 +220,14 @@ BEGIN
 
     -- EXCEPT hashes; `id = ANY (v_ok)` per entry would cost a batch of N entries N² comparisons.
     RETURN QUERY SELECT u.id, true FROM unnest(v_ok) AS u(id);
-    RETURN QUERY SELECT f.id, false
-                   FROM (SELECT x FROM unnest(p_step_ids) AS x EXCEPT ALL SELECT y FROM unnest(v_ok) AS y) AS f(id);
+    IF COALESCE(cardinality(v_ok), 0) < cardinality(p_step_ids) THEN
+        -- Fenced entries (never on the hot path): the end of the refused attempts' orphaned leases.
+        SELECT array_agg(x.id), array_agg(x.attempt) INTO v_fenced, v_tokens
+          FROM unnest(p_step_ids, p_attempts) AS x(id, attempt)
+         WHERE x.id IN (SELECT f FROM unnest(p_step_ids) AS f EXCEPT ALL SELECT y FROM unnest(v_ok) AS y);
+        PERFORM stepready._end_orphans(v_fenced, v_tokens);
+        RETURN QUERY SELECT f, false FROM unnest(v_fenced) AS f;
+    END IF;
 END;
 $$;
 
@@ -247,7 +265,10 @@ BEGIN
         RAISE EXCEPTION 'p_delay_ms must be >= 0, got %', p_delay_ms USING ERRCODE = '22023';
     END IF;
     SELECT * INTO v FROM stepready.steps WHERE id = p_step_id FOR UPDATE;
-    IF NOT FOUND OR v.state <> 'in_progress' OR v.attempts IS DISTINCT FROM p_attempt THEN
+    IF NOT FOUND OR v.state <> 'in_progress' OR v.fence_token IS DISTINCT FROM p_attempt THEN
+        IF FOUND THEN
+            PERFORM stepready._end_orphans(ARRAY[p_step_id], ARRAY[p_attempt]);
+        END IF;
         RETURN false;
     END IF;
     v_output := stepready._collect(v.collect, v.output, p_output, v.iteration, v.id);
@@ -256,7 +277,8 @@ BEGIN
 
     IF v_next >= COALESCE(v.max_iterations, 1000) THEN
         UPDATE stepready.steps
-           SET state = 'complete', output = v_output, completed_at = p_as_of, next_attempt_at = NULL
+           SET state = 'complete', output = v_output, completed_at = p_as_of, next_attempt_at = NULL,
+               lease_owner = NULL, lease_expires_at = NULL
          WHERE id = v.id
         RETURNING * INTO n;
         PERFORM stepready._log(n, 'step.completed', 'in_progress', 'complete',
@@ -273,7 +295,9 @@ BEGIN
            output = v_output,
            next_attempt_at = p_as_of + v_delay * interval '1 millisecond',
            breaker_fingerprint = NULL,
-           breaker_count = 0
+           breaker_count = 0,
+           lease_owner = NULL,
+           lease_expires_at = NULL
      WHERE id = v.id
     RETURNING * INTO n;
     PERFORM stepready._log(n, 'iteration.continued', 'in_progress', 'pending',
@@ -283,8 +307,10 @@ BEGIN
 END;
 $$;
 
--- Hands an attempt back uncharged (graceful shutdown): in_progress with this attempt, or enqueued and never
--- started (p_attempt NULL or equal to the current attempts count). The step is immediately ready again.
+-- Hands an attempt back uncharged (graceful shutdown): in_progress with this fencing token, or enqueued and never
+-- started (p_attempt NULL or equal to the current attempts count, as the claim row gave it: a claim has no token
+-- of its own). The step is immediately ready again. A refused call with the step's own token ends the attempt's
+-- orphaned lease (_end_orphans).
 CREATE OR REPLACE FUNCTION stepready.release_step(p_step_id bigint, p_attempt int, p_as_of timestamptz DEFAULT now())
 RETURNS bool
 LANGUAGE plpgsql
@@ -297,15 +323,17 @@ BEGIN
     SELECT * INTO v FROM stepready.steps WHERE id = p_step_id FOR UPDATE;
     IF NOT FOUND THEN
         RETURN false;
-    ELSIF v.state = 'in_progress' AND v.attempts = p_attempt THEN
+    ELSIF v.state = 'in_progress' AND v.fence_token = p_attempt THEN
         v_attempts := v.attempts - 1;
     ELSIF v.state = 'enqueued' AND (p_attempt IS NULL OR p_attempt = v.attempts) THEN
         v_attempts := v.attempts;
     ELSE
+        PERFORM stepready._end_orphans(ARRAY[p_step_id], ARRAY[p_attempt]);
         RETURN false;
     END IF;
     UPDATE stepready.steps
-       SET state = stepready._ready_state(v_attempts), attempts = v_attempts
+       SET state = stepready._ready_state(v_attempts), attempts = v_attempts, lease_owner = NULL,
+           lease_expires_at = NULL
      WHERE id = v.id
     RETURNING * INTO n;
     PERFORM stepready._log(v, 'step.released', v.state, n.state,

@@ -229,8 +229,9 @@ $$;
 
 -- fail_step for a batch of failed attempts: entry i is step p_step_ids[i], attempt p_attempts[i], error document
 -- p_errors[i] and jitter sample p_jitter_samples[i] (the whole array NULL: random() per entry; an element NULL:
--- 0, as fail_step's NULL sample). Each entry is fenced and decided exactly as fail_step does it; rows are locked
--- in ascending id. One row per entry, in no particular order: a fenced entry gets its step's current state and
+-- 0, as fail_step's NULL sample). Each entry is fenced on its fencing token and decided exactly as fail_step does
+-- it; rows are locked in ascending id. One row per entry, in no particular order: a fenced entry changes nothing
+-- but the end of its attempt's orphaned lease (_end_orphans) and gets its step's current state and
 -- next_attempt_at with reason stale_attempt (NULL, NULL, stale_attempt for a step that does not exist).
 CREATE OR REPLACE FUNCTION stepready.fail_steps(
     p_step_ids bigint[], p_attempts int[], p_errors jsonb[], p_as_of timestamptz DEFAULT now(),
@@ -270,10 +271,16 @@ BEGIN
     SELECT array_agg(u.id), array_agg(u.err), array_agg(u.smp)
       INTO v_ok, v_ok_err, v_ok_smp
       FROM unnest(p_step_ids, p_attempts, v_errors, v_samples) AS u(id, attempt, err, smp)
-     WHERE (SELECT s.state = 'in_progress' AND s.attempts = u.attempt FROM stepready.steps s WHERE s.id = u.id);
+     WHERE (SELECT s.state = 'in_progress' AND s.fence_token = u.attempt FROM stepready.steps s WHERE s.id = u.id);
 
     IF v_ok IS NOT NULL THEN
         RETURN QUERY SELECT * FROM stepready._apply_failures(v_ok, v_ok_err, p_as_of, v_ok_smp);
+    END IF;
+    IF COALESCE(cardinality(v_ok), 0) < cardinality(p_step_ids) THEN
+        -- Fenced entries (never on the hot path): the end of the refused attempts' orphaned leases.
+        PERFORM stepready._end_orphans(array_agg(x.id), array_agg(x.attempt))
+           FROM unnest(p_step_ids, p_attempts) AS x(id, attempt)
+          WHERE x.id IN (SELECT f FROM unnest(p_step_ids) AS f EXCEPT ALL SELECT y FROM unnest(v_ok) AS y);
     END IF;
     -- EXCEPT hashes (see complete_steps).
     RETURN QUERY SELECT f.id, s.state, s.next_attempt_at, 'stale_attempt'::text
@@ -306,8 +313,12 @@ END;
 $$;
 
 -- Expired leases: an enqueued step (claimed, never started) goes back to its ready state uncharged; a running
--- attempt fails with class `stalled` through the same decision as fail_step. Rows are locked with SKIP LOCKED
--- and the WHERE clause is re-checked on the locked row, so a step that completed meanwhile is never touched.
+-- attempt fails with class `stalled` through the same decision as fail_step; an orphaned lease (its step moved out
+-- of flight by an operator while the attempt ran: sql/046_leases.sql) is cleared, with a lease.expired event
+-- (its slot was free since it expired: the in-flight count tests the expiry itself; clearing it keeps the
+-- index of slots small and notifies a full key's daemons). Rows are locked with SKIP LOCKED and the WHERE clause
+-- is re-checked on the locked row, so a step that completed meanwhile is never touched. At most p_limit rows in
+-- all; returns how many were handled.
 CREATE OR REPLACE FUNCTION stepready.reap_expired_leases(p_as_of timestamptz DEFAULT now(), p_limit int DEFAULT 1000)
 RETURNS int
 LANGUAGE plpgsql
@@ -331,7 +342,7 @@ BEGIN
         PERFORM stepready._log(v, 'lease.expired', v.state, v_to,
             jsonb_build_object('lease_owner', v.lease_owner, 'lease_expires_at', v.lease_expires_at), p_as_of);
         IF v.state = 'enqueued' THEN
-            UPDATE stepready.steps SET state = v_to WHERE id = v.id;
+            UPDATE stepready.steps SET state = v_to, lease_owner = NULL, lease_expires_at = NULL WHERE id = v.id;
         ELSE
             PERFORM stepready._apply_failure(v,
                 jsonb_build_object('class', 'stalled',
@@ -341,6 +352,21 @@ BEGIN
         END IF;
         k := k + 1;
     END LOOP;
+    IF k < p_limit THEN
+        FOR v IN
+            SELECT s.* FROM stepready.steps s
+             WHERE s.lease_expires_at < p_as_of AND s.state NOT IN ('enqueued', 'in_progress')
+             ORDER BY s.lease_expires_at -- read from steps_orphan_lease_idx, never the whole table
+             LIMIT p_limit - k
+               FOR UPDATE SKIP LOCKED
+        LOOP
+            PERFORM stepready._log(v, 'lease.expired', v.state, NULL,
+                jsonb_build_object('lease_owner', v.lease_owner, 'lease_expires_at', v.lease_expires_at,
+                                   'orphaned', true), p_as_of);
+            PERFORM stepready._end_orphans(ARRAY[v.id], ARRAY[v.fence_token]);
+            k := k + 1;
+        END LOOP;
+    END IF;
     RETURN k;
 END;
 $$;

@@ -41,16 +41,81 @@ END;
 $$;
 
 -- Locks every step of a task (ascending id) and then the task row, and returns the task. Everything in stepready
--- locks steps before their task (the lifecycle functions lock a step and their triggers then update the task),
--- so task-level operators take the same order to never deadlock with a worker finishing a step.
+-- locks steps before their task (the lifecycle functions lock a step and their triggers then update the task;
+-- prune_tasks locks a task's steps before the task), so every operator takes this order to never deadlock with
+-- a worker finishing a step, with the pruner or with another operator (docs/design-core.md, "Lock order").
+-- Locking every step up front also covers the steps the triggers then change (children, the task's claimable
+-- steps when it stops or starts being runnable).
+--
+-- One exception remains: a lifecycle function locks its own step before the other steps of the task its triggers
+-- change (a child whose count of unsatisfied parents moves, the claimable steps of a task that stops or starts
+-- being runnable), which may come first in id order. When such a worker and an operator meet on one task,
+-- PostgreSQL finds the cycle after deadlock_timeout and aborts one of the two: a worker retries its call
+-- (40P01 is retried); an operator's locking runs in a block of its own, rolled back and retried here, so an
+-- operator never fails with 40P01 (after _lock_retries tries it gives up with the error).
 CREATE OR REPLACE FUNCTION stepready._lock_task_and_steps(p_task_id bigint)
 RETURNS stepready.tasks
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_try int := 0;
 BEGIN
-    PERFORM 1 FROM stepready.steps WHERE task_id = p_task_id ORDER BY id FOR UPDATE;
-    RETURN stepready._lock_task(p_task_id);
+    LOOP
+        BEGIN
+            PERFORM 1 FROM stepready.steps WHERE task_id = p_task_id ORDER BY id FOR UPDATE;
+            RETURN stepready._lock_task(p_task_id);
+        EXCEPTION WHEN deadlock_detected THEN
+            v_try := v_try + 1;
+            IF v_try >= stepready._lock_retries() THEN
+                RAISE;
+            END IF;
+        END;
+    END LOOP;
 END;
+$$;
+
+-- How many times an operator's locking is tried when PostgreSQL breaks a deadlock by aborting it.
+CREATE OR REPLACE FUNCTION stepready._lock_retries()
+RETURNS int
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT 10;
+$$;
+
+-- The step-level operators' lock: every step of the step's task (ascending id), then the task row, as
+-- _lock_task_and_steps. Returns the step and its task, locked; raises P0002 when the step does not exist (or its
+-- task was deleted while we waited).
+CREATE OR REPLACE FUNCTION stepready._lock_step_and_task(p_step_id bigint, OUT p_step stepready.steps,
+                                                         OUT p_task stepready.tasks)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_task_id bigint;
+BEGIN
+    SELECT task_id INTO v_task_id FROM stepready.steps WHERE id = p_step_id;
+    IF FOUND THEN
+        BEGIN
+            p_task := stepready._lock_task_and_steps(v_task_id);
+        EXCEPTION WHEN no_data_found THEN
+            NULL; -- the task was deleted (pruned) while we waited: so was the step
+        END;
+        SELECT * INTO p_step FROM stepready.steps WHERE id = p_step_id;
+    END IF;
+    IF p_step.id IS NULL THEN
+        RAISE EXCEPTION 'step % does not exist', p_step_id USING ERRCODE = 'P0002';
+    END IF;
+END;
+$$;
+
+-- What an operator event records about a running attempt it leaves behind (an orphaned lease), '{}' when none.
+CREATE OR REPLACE FUNCTION stepready._orphan_details(p_step stepready.steps)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN p_step.state = 'in_progress'
+                THEN jsonb_build_object('attempt_still_running', true, 'lease_owner', p_step.lease_owner,
+                                        'lease_expires_at', p_step.lease_expires_at)
+                ELSE '{}'::jsonb END;
 $$;
 
 CREATE OR REPLACE FUNCTION stepready._refuse(p_message text)
@@ -62,8 +127,10 @@ BEGIN
 END;
 $$;
 
--- Cancels a task: every non-terminal step becomes cancelled (a running attempt is fenced out: its result will
--- be refused). Returns how many steps were cancelled.
+-- Cancels a task: every non-terminal step becomes cancelled. A running attempt is fenced out (its heartbeat and
+-- its result are refused) and keeps its lease, orphaned, until its worker reports or the lease expires: its
+-- concurrency slot stays taken while the handler may still run (sql/046_leases.sql). Returns how many steps were
+-- cancelled.
 CREATE OR REPLACE FUNCTION stepready.cancel_task(p_task_id bigint, p_reason text DEFAULT NULL,
                                                  p_as_of timestamptz DEFAULT now())
 RETURNS int
@@ -83,7 +150,7 @@ BEGIN
     LOOP
         UPDATE stepready.steps SET state = 'cancelled', next_attempt_at = NULL, completed_at = p_as_of WHERE id = s.id;
         PERFORM stepready._log(s, 'step.cancelled', s.state, 'cancelled',
-            jsonb_build_object('reason', p_reason), p_as_of);
+            jsonb_build_object('reason', p_reason) || stepready._orphan_details(s), p_as_of);
         k := k + 1;
     END LOOP;
     PERFORM stepready._log_task(t.id, 'operator.cancel',
@@ -137,22 +204,27 @@ RETURNS bool
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    s stepready.steps := stepready._lock_step(p_step_id);
+    l record;
+    s stepready.steps;
     t stepready.tasks;
     n stepready.steps;
 BEGIN
-    SELECT * INTO t FROM stepready.tasks WHERE id = s.task_id;
+    SELECT * INTO l FROM stepready._lock_step_and_task(p_step_id);
+    s := l.p_step;
+    t := l.p_task;
     IF t.status = 'cancelled' THEN
         PERFORM stepready._refuse(format('cannot retry step %s ("%s"): task %s is cancelled', s.id, s.name, t.id));
     END IF;
+    -- "Now" is after an earlier attempt that may still run has ended (an orphaned lease: _orphan_hold).
     IF s.state IN ('pending', 'waiting_for_retry') THEN
-        UPDATE stepready.steps SET next_attempt_at = NULL WHERE id = s.id RETURNING * INTO n;
+        UPDATE stepready.steps SET next_attempt_at = stepready._orphan_hold(lease_expires_at, p_as_of)
+         WHERE id = s.id RETURNING * INTO n;
     ELSIF s.state = 'error' THEN
         UPDATE stepready.steps
            SET state = stepready._ready_state(attempts),
                max_attempts = attempts + 1,
                retryable = true,
-               next_attempt_at = NULL
+               next_attempt_at = stepready._orphan_hold(lease_expires_at, p_as_of)
          WHERE id = s.id
         RETURNING * INTO n;
     ELSE
@@ -165,17 +237,21 @@ BEGIN
 END;
 $$;
 
--- Marks a step resolved by hand with the given output; its dependents proceed as if it had completed.
+-- Marks a step resolved by hand with the given output; its dependents proceed as if it had completed. A running
+-- attempt is fenced out and keeps its lease, orphaned, as cancel_task leaves it.
 CREATE OR REPLACE FUNCTION stepready.resolve_step(p_step_id bigint, p_output jsonb, p_as_of timestamptz DEFAULT now())
 RETURNS bool
 LANGUAGE plpgsql
 AS $$
 DECLARE
-    s stepready.steps := stepready._lock_step(p_step_id);
+    l record;
+    s stepready.steps;
     t stepready.tasks;
     n stepready.steps;
 BEGIN
-    SELECT * INTO t FROM stepready.tasks WHERE id = s.task_id;
+    SELECT * INTO l FROM stepready._lock_step_and_task(p_step_id);
+    s := l.p_step;
+    t := l.p_task;
     IF t.status = 'cancelled' THEN
         PERFORM stepready._refuse(format('cannot resolve step %s ("%s"): task %s is cancelled', s.id, s.name, t.id));
     END IF;
@@ -186,7 +262,7 @@ BEGIN
        SET state = 'resolved_manually', output = p_output, next_attempt_at = NULL, completed_at = p_as_of
      WHERE id = s.id
     RETURNING * INTO n;
-    PERFORM stepready._log(n, 'step.resolved', s.state, 'resolved_manually', '{}', p_as_of);
+    PERFORM stepready._log(n, 'step.resolved', s.state, 'resolved_manually', stepready._orphan_details(s), p_as_of);
     PERFORM stepready._log(n, 'operator.resolve', s.state, 'resolved_manually',
         stepready._operator_details(jsonb_build_object('output', p_output)), p_as_of);
     RETURN true;
@@ -194,8 +270,10 @@ END;
 $$;
 
 -- Resume from failure: every error, skipped and cancelled step goes back to pending with a fresh retry budget;
--- completed steps keep their outputs, and an iterating step keeps its iteration and input. Returns the number
--- of steps reset.
+-- completed steps keep their outputs, and an iterating step keeps its iteration and input. The fencing token is
+-- kept (an attempt started before the reset can never pass for one started after it), and a step whose cancelled
+-- attempt may still run (an orphaned lease) is not due before that attempt has ended. Returns the number of steps
+-- reset.
 CREATE OR REPLACE FUNCTION stepready.reset_task(p_task_id bigint, p_as_of timestamptz DEFAULT now())
 RETURNS int
 LANGUAGE plpgsql
@@ -218,8 +296,8 @@ BEGIN
               ORDER BY id FOR UPDATE
     LOOP
         UPDATE stepready.steps
-           SET state = 'pending', attempts = 0, next_attempt_at = NULL, breaker_fingerprint = NULL,
-               breaker_count = 0
+           SET state = 'pending', attempts = 0, next_attempt_at = stepready._orphan_hold(lease_expires_at, p_as_of),
+               breaker_fingerprint = NULL, breaker_count = 0
          WHERE id = s.id;
         PERFORM stepready._log(s, 'operator.reset', s.state, 'pending', stepready._operator_details('{}'), p_as_of);
         k := k + 1;

@@ -9,7 +9,8 @@
 --   2 task_paused               the task is paused
 --   3 scheduled                 the task's run_at is after p_as_of (SPEC §15)
 --   4 terminal                  the step is complete, error, skipped, cancelled or resolved_manually
---   5 in_flight                 the step is enqueued or in_progress
+--   5 in_flight                 the step is enqueued or in_progress, or was made ready again while an earlier
+--                               attempt of it still runs (an orphaned lease, sql/046_leases.sql)
 --   6 waiting_for_dependencies  one row per parent that does not satisfy the dependency
 --   7 not_retryable             attempts >= 1 and the step is not retryable
 --   8 retries_exhausted         attempts >= max_attempts (and the step is retryable)
@@ -58,6 +59,7 @@ LANGUAGE sql STABLE
 AS $$
     WITH s AS (
         SELECT s.id, s.task_id, s.name, s.state, s.attempts, s.max_attempts, s.retryable, s.next_attempt_at,
+               s.lease_owner, s.lease_expires_at,
                t.status AS task_status, t.paused AS task_paused, t.run_at AS task_run_at,
                s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms,
                s.state IN ('pending', 'waiting_for_retry') AS waiting,
@@ -94,6 +96,17 @@ AS $$
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.state IN ('enqueued', 'in_progress')
         UNION ALL
+        SELECT s.*, 5, 'in_flight',
+               format('in flight: an earlier attempt (worker %s) has not ended; it holds the step until it reports '
+                      'or its lease expires at %s (in %s)', COALESCE(s.lease_owner, 'unknown'),
+                      to_char(s.lease_expires_at,
+                              CASE WHEN s.lease_expires_at::date = p_as_of::date THEN 'HH24:MI:SS'
+                                   ELSE 'YYYY-MM-DD HH24:MI:SS' END),
+                      stepready._explain_duration(
+                          ceil(extract(epoch FROM s.lease_expires_at - p_as_of) * 1000)::bigint)),
+               NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.waiting AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of)
+        UNION ALL
         SELECT s.*, 6, 'waiting_for_dependencies',
                format('waiting for `%s` (%s, attempt %s/%s)', ps.name, ps.state, ps.attempts,
                       COALESCE(ps.max_attempts, 3)),
@@ -122,13 +135,15 @@ AS $$
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND s.next_attempt_at > p_as_of
                    AND s.next_attempt_at IS DISTINCT FROM s.task_run_at
+                   -- the wait for an earlier attempt's end (_orphan_hold), already reported as in_flight
+                   AND s.next_attempt_at IS DISTINCT FROM stepready._orphan_hold(s.lease_expires_at, p_as_of)
         UNION ALL
         SELECT s.*, 10, 'concurrency_limited',
                format('concurrency limited by %s: %s of %s in flight', s.concurrency_key, c.in_flight, c.lim),
                NULL, NULL, NULL, NULL, NULL
           FROM s
          CROSS JOIN LATERAL (
-            SELECT stepready._flow_in_flight(s.concurrency_key) AS in_flight,
+            SELECT stepready._flow_in_flight(s.concurrency_key, p_as_of) AS in_flight,
                    COALESCE((SELECT l.concurrency_limit FROM stepready.flow_limits l WHERE l.key = s.concurrency_key),
                             s.concurrency_limit) AS lim) c
          WHERE s.waiting AND s.concurrency_key IS NOT NULL AND c.in_flight >= c.lim

@@ -225,12 +225,12 @@ const (
 	RecordLinger = 2 * time.Millisecond
 )
 
-// outcomeReq is a completion (fail == nil) or a failure.
+// outcomeReq is a completion (fail == nil) or a failure; token is the attempt's fencing token.
 type outcomeReq struct {
-	stepID  int64
-	attempt int
-	output  json.RawMessage
-	fail    json.RawMessage // the error document of a failure
+	stepID int64
+	token  int
+	output json.RawMessage
+	fail   json.RawMessage // the error document of a failure
 }
 
 type outcomeRes struct {
@@ -252,23 +252,23 @@ func NewBatchRecorder(pool *pgxpool.Pool, maxBatch int, logger *slog.Logger) *Ba
 // -1 when its outcome is recorded, whatever it was.
 func (r *BatchRecorder) Track(delta int) { r.running.Add(int64(delta)) }
 
-// Complete records the successful attempt of a step with its output; false when the attempt was fenced out.
-// After Stop it records the attempt on its own (complete_step).
-func (r *BatchRecorder) Complete(ctx context.Context, stepID int64, attempt int, output json.RawMessage) (bool, error) {
-	res, err, batched := r.b.do(ctx, outcomeReq{stepID: stepID, attempt: attempt, output: output})
+// Complete records the successful attempt of a step (token: its fencing token) with its output; false when the
+// attempt was fenced out. After Stop it records the attempt on its own (complete_step).
+func (r *BatchRecorder) Complete(ctx context.Context, stepID int64, token int, output json.RawMessage) (bool, error) {
+	res, err, batched := r.b.do(ctx, outcomeReq{stepID: stepID, token: token, output: output})
 	if !batched {
-		return store.CompleteStep(ctx, r.pool, stepID, attempt, output)
+		return store.CompleteStep(ctx, r.pool, stepID, token, output)
 	}
 	return res.completed, err
 }
 
-// Fail records the failed attempt of a step with the error document of fail_step and returns what was decided
-// (reason stale_attempt when the attempt was fenced out). After Stop it records the attempt on its own
-// (fail_step).
-func (r *BatchRecorder) Fail(ctx context.Context, stepID int64, attempt int, errorDoc json.RawMessage) (store.FailResult, error) {
-	res, err, batched := r.b.do(ctx, outcomeReq{stepID: stepID, attempt: attempt, fail: errorDoc})
+// Fail records the failed attempt of a step (token: its fencing token) with the error document of fail_step and
+// returns what was decided (reason stale_attempt when the attempt was fenced out). After Stop it records the
+// attempt on its own (fail_step).
+func (r *BatchRecorder) Fail(ctx context.Context, stepID int64, token int, errorDoc json.RawMessage) (store.FailResult, error) {
+	res, err, batched := r.b.do(ctx, outcomeReq{stepID: stepID, token: token, fail: errorDoc})
 	if !batched {
-		return store.FailStep(ctx, r.pool, stepID, attempt, errorDoc)
+		return store.FailStep(ctx, r.pool, stepID, token, errorDoc)
 	}
 	return res.failed, err
 }
@@ -277,15 +277,15 @@ func (r *BatchRecorder) Fail(ctx context.Context, stepID int64, attempt int, err
 // done receives the result in the recorder's goroutine once the batch is recorded (it must be quick). Lost
 // connections are retried as for every batch. After Stop it records the attempt on its own, retrying lost
 // connections for up to a minute, then calls done.
-func (r *BatchRecorder) CompleteAsync(ctx context.Context, stepID int64, attempt int, output json.RawMessage,
+func (r *BatchRecorder) CompleteAsync(ctx context.Context, stepID int64, token int, output json.RawMessage,
 	done func(ok bool, err error)) {
-	if !r.b.submit(outcomeReq{stepID: stepID, attempt: attempt, output: output},
+	if !r.b.submit(outcomeReq{stepID: stepID, token: token, output: output},
 		func(res outcomeRes, err error) { done(res.completed, err) }) {
 		ctx, cancel := context.WithTimeout(ctx, batchFlushTimeout)
 		defer cancel()
 		var ok bool
 		err := retryDB(ctx, func() (err error) {
-			ok, err = store.CompleteStep(ctx, r.pool, stepID, attempt, output)
+			ok, err = store.CompleteStep(ctx, r.pool, stepID, token, output)
 			return err
 		})
 		done(ok, err)
@@ -293,15 +293,15 @@ func (r *BatchRecorder) CompleteAsync(ctx context.Context, stepID int64, attempt
 }
 
 // FailAsync is Fail without the wait, as CompleteAsync is Complete without it.
-func (r *BatchRecorder) FailAsync(ctx context.Context, stepID int64, attempt int, errorDoc json.RawMessage,
+func (r *BatchRecorder) FailAsync(ctx context.Context, stepID int64, token int, errorDoc json.RawMessage,
 	done func(store.FailResult, error)) {
-	if !r.b.submit(outcomeReq{stepID: stepID, attempt: attempt, fail: errorDoc},
+	if !r.b.submit(outcomeReq{stepID: stepID, token: token, fail: errorDoc},
 		func(res outcomeRes, err error) { done(res.failed, err) }) {
 		ctx, cancel := context.WithTimeout(ctx, batchFlushTimeout)
 		defer cancel()
 		var res store.FailResult
 		err := retryDB(ctx, func() (err error) {
-			res, err = store.FailStep(ctx, r.pool, stepID, attempt, errorDoc)
+			res, err = store.FailStep(ctx, r.pool, stepID, token, errorDoc)
 			return err
 		})
 		done(res, err)
@@ -317,9 +317,9 @@ func (r *BatchRecorder) flush(ctx context.Context, reqs []outcomeReq) []batchRes
 		var failures []store.Failure
 		for _, q := range reqs {
 			if q.fail == nil {
-				completions = append(completions, store.Completion{StepID: q.stepID, Attempt: q.attempt, Output: q.output})
+				completions = append(completions, store.Completion{StepID: q.stepID, Token: q.token, Output: q.output})
 			} else {
-				failures = append(failures, store.Failure{StepID: q.stepID, Attempt: q.attempt, ErrorDoc: q.fail})
+				failures = append(failures, store.Failure{StepID: q.stepID, Token: q.token, ErrorDoc: q.fail})
 			}
 		}
 		done, failed, err := store.RecordOutcomes(ctx, r.pool, completions, failures)
@@ -337,10 +337,10 @@ func (r *BatchRecorder) flush(ctx context.Context, reqs []outcomeReq) []batchRes
 		return res, nil
 	}, func(ctx context.Context, q outcomeReq) (outcomeRes, error) {
 		if q.fail == nil {
-			ok, err := store.CompleteStep(ctx, r.pool, q.stepID, q.attempt, q.output)
+			ok, err := store.CompleteStep(ctx, r.pool, q.stepID, q.token, q.output)
 			return outcomeRes{completed: ok}, err
 		}
-		f, err := store.FailStep(ctx, r.pool, q.stepID, q.attempt, q.fail)
+		f, err := store.FailStep(ctx, r.pool, q.stepID, q.token, q.fail)
 		return outcomeRes{failed: f}, err
 	}, r.logger, "complete_steps + fail_steps")
 }

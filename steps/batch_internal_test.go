@@ -194,11 +194,11 @@ func TestBatchRecorderIsolatesARefusedEntry(t *testing.T) {
 	c := NewBatchRecorder(db.Pool, 0, nil)
 	defer c.Stop()
 	res := c.flush(context.Background(), []outcomeReq{
-		{stepID: ids[0], attempt: 1, output: json.RawMessage(`1`)},
-		{stepID: merge, attempt: 1, output: json.RawMessage(`[1]`)},
-		{stepID: ids[1], attempt: 1, output: json.RawMessage(`2`)},
-		{stepID: ids[2], attempt: 9, output: json.RawMessage(`3`)},
-		{stepID: ids[3], attempt: 1, fail: json.RawMessage(`{"class": "transient", "message": "x"}`)},
+		{stepID: ids[0], token: 1, output: json.RawMessage(`1`)},
+		{stepID: merge, token: 1, output: json.RawMessage(`[1]`)},
+		{stepID: ids[1], token: 1, output: json.RawMessage(`2`)},
+		{stepID: ids[2], token: 9, output: json.RawMessage(`3`)},
+		{stepID: ids[3], token: 1, fail: json.RawMessage(`{"class": "transient", "message": "x"}`)},
 	})
 	require.Len(t, res, 5)
 	require.NoError(t, res[0].err)

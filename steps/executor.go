@@ -33,8 +33,13 @@ const (
 var ErrShutdown = errors.New("stepready: daemon shutting down")
 
 // errLeaseLost is the cancellation cause when a heartbeat finds the attempt is no longer the running one
-// (cancelled, resolved or reaped): nothing is recorded, the database refuses it anyway.
+// (cancelled, resolved, reset or reaped): nothing is recorded, the database refuses it anyway.
 var errLeaseLost = errors.New("stepready: attempt is no longer the running one")
+
+// fencedOutDoc is what the executor reports for an attempt whose heartbeat was refused, once its handler has
+// returned. The database refuses it (the attempt is no longer the running one); the call only ends the lease an
+// operator's action left behind.
+var fencedOutDoc = json.RawMessage(`{"class": "canceled", "message": "attempt fenced out while running"}`)
 
 // Executor runs claimed steps: start_step, the handler under the step's timeout with a heartbeat, then the
 // outcome through complete_step, fail_step or continue_step. It is shared by every dispatcher.
@@ -141,7 +146,8 @@ func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Starte
 	log.Info("executor: attempt started")
 
 	step := &Step{ID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler, Input: st.Input,
-		Context: st.Context, Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue, Rules: st.Rules}
+		Context: st.Context, Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue, Rules: st.Rules,
+		token: st.Token}
 	if c.TimeoutMS != nil {
 		step.Timeout = time.Duration(*c.TimeoutMS) * time.Millisecond
 	}
@@ -190,7 +196,7 @@ func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Ste
 			return false
 		}
 		d := *o.failure
-		e.Recorder.FailAsync(ctx, step.ID, step.Attempt, doc, func(res store.FailResult, err error) {
+		e.Recorder.FailAsync(ctx, step.ID, step.token, doc, func(res store.FailResult, err error) {
 			if err != nil {
 				logUnrecorded(log, err)
 			} else {
@@ -199,7 +205,7 @@ func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Ste
 			finished()
 		})
 	default:
-		e.Recorder.CompleteAsync(ctx, step.ID, step.Attempt, o.output, func(ok bool, err error) {
+		e.Recorder.CompleteAsync(ctx, step.ID, step.token, o.output, func(ok bool, err error) {
 			if err != nil {
 				logUnrecorded(log, err)
 			} else {
@@ -297,7 +303,7 @@ func (e *Executor) heartbeat(ctx context.Context, step *Step, cancelRun context.
 	mu.Lock() // t is assigned before the first beat can read it
 	defer mu.Unlock()
 	t = time.AfterFunc(interval, func() {
-		ok, err := store.HeartbeatStep(ctx, e.Pool, step.ID, step.Attempt, e.Lease)
+		ok, err := store.HeartbeatStep(ctx, e.Pool, step.ID, step.token, e.Lease)
 		if err == nil && !ok {
 			cancelRun(errLeaseLost)
 			return
@@ -332,12 +338,25 @@ func (e *Executor) record(ctx context.Context, log *slog.Logger, step *Step, pro
 
 func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result) error {
 	switch {
+	case r.leaseLost && r.abandoned:
+		// The handler is still running: its slot stays taken until its lease expires.
+		log.Warn("executor: attempt was cancelled, resolved, reset or reaped while running, and its handler " +
+			"did not return; its result is dropped and its lease left to expire")
+		return nil
 	case r.leaseLost:
-		log.Warn("executor: attempt was cancelled, resolved or reaped while running; its result is dropped")
+		// The handler has returned: report it, so that the database ends the attempt's lease at once if an
+		// operator left it running (an orphaned lease holds the step's concurrency slot). The report is fenced
+		// like any other write of the attempt: it is refused and changes nothing else.
+		res, err := store.FailStep(ctx, e.Pool, step.ID, step.token, fencedOutDoc)
+		if err != nil {
+			return err
+		}
+		log.Warn("executor: attempt was cancelled, resolved, reset or reaped while running; its result is dropped",
+			slog.Bool("refused", res.Stale()))
 		return nil
 	case r.released:
-		attempt := step.Attempt
-		ok, err := store.ReleaseStep(ctx, e.Pool, step.ID, &attempt)
+		token := step.token
+		ok, err := store.ReleaseStep(ctx, e.Pool, step.ID, &token)
 		if err != nil {
 			return err
 		}
@@ -358,7 +377,7 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 	case o.failure != nil:
 		return e.fail(ctx, log, step, *o.failure)
 	case o.repeat != nil:
-		ok, err := store.ContinueStep(ctx, e.Pool, step.ID, step.Attempt, o.output, o.repeat.nextInput, o.repeat.delay)
+		ok, err := store.ContinueStep(ctx, e.Pool, step.ID, step.token, o.output, o.repeat.nextInput, o.repeat.delay)
 		if err != nil {
 			return err
 		}
@@ -369,9 +388,9 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 	var ok bool
 	var err error
 	if e.Recorder != nil {
-		ok, err = e.Recorder.Complete(ctx, step.ID, step.Attempt, o.output)
+		ok, err = e.Recorder.Complete(ctx, step.ID, step.token, o.output)
 	} else {
-		ok, err = store.CompleteStep(ctx, e.Pool, step.ID, step.Attempt, o.output)
+		ok, err = store.CompleteStep(ctx, e.Pool, step.ID, step.token, o.output)
 	}
 	if err != nil {
 		return err
@@ -463,13 +482,13 @@ func (e *Executor) fail(ctx context.Context, log *slog.Logger, step *Step, d err
 		return e.failOn(ctx, e.Pool, log, step, d)
 	}
 	return e.failWith(log, d, func(doc json.RawMessage) (store.FailResult, error) {
-		return e.Recorder.Fail(ctx, step.ID, step.Attempt, doc)
+		return e.Recorder.Fail(ctx, step.ID, step.token, doc)
 	})
 }
 
 func (e *Executor) failOn(ctx context.Context, db store.DBTX, log *slog.Logger, step *Step, d errorDoc) error {
 	return e.failWith(log, d, func(doc json.RawMessage) (store.FailResult, error) {
-		return store.FailStep(ctx, db, step.ID, step.Attempt, doc)
+		return store.FailStep(ctx, db, step.ID, step.token, doc)
 	})
 }
 

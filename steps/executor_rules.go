@@ -100,7 +100,7 @@ func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *
 	}
 	log = log.With(slog.String("decision", dec.Kind.String()), slog.Int("rule", dec.RuleIndex))
 	return pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
-		if ok, err := store.RecordPolicyEvaluation(ctx, tx, step.ID, step.Attempt, details); err != nil || !ok {
+		if ok, err := store.RecordPolicyEvaluation(ctx, tx, step.ID, step.token, details); err != nil || !ok {
 			if err == nil {
 				log.Warn("executor: attempt fenced out before its outcome was recorded")
 			}
@@ -117,14 +117,14 @@ func (e *Executor) applyDecision(ctx context.Context, tx pgx.Tx, log *slog.Logge
 	}
 	switch dec.Kind {
 	case rules.Complete, rules.Continue, rules.Break:
-		ok, err := store.CompleteStep(ctx, tx, step.ID, step.Attempt, out)
+		ok, err := store.CompleteStep(ctx, tx, step.ID, step.token, out)
 		if err == nil {
 			e.Metrics.Completed()
 			log.Info("executor: attempt completed by rule", slog.Bool("recorded", ok))
 		}
 		return err
 	case rules.Repeat:
-		ok, err := store.ContinueStep(ctx, tx, step.ID, step.Attempt, out, dec.NextInput, dec.Delay)
+		ok, err := store.ContinueStep(ctx, tx, step.ID, step.token, out, dec.NextInput, dec.Delay)
 		if err == nil {
 			e.Metrics.Completed()
 			log.Info("executor: iteration done; rule repeats the step", slog.Bool("recorded", ok))

@@ -21,8 +21,10 @@ type Step struct {
 	Input json.RawMessage
 	// Context is the task's JSON context.
 	Context json.RawMessage
-	// Attempt is the 1-based number of this attempt within the current iteration. It is also the fencing token:
-	// a result recorded for an older attempt is refused by the database.
+	// Attempt is the 1-based number of this attempt within the current iteration (what rules see as `attempt`,
+	// and events and logs record). It starts again at 1 after the step is reset or repeats, so it does not
+	// identify a run: the executor fences every write of the attempt with the step's fencing token instead
+	// (docs/functions.md, "The fencing token").
 	Attempt int
 	// Iteration is the 0-based iteration of a repeating (polling, paginating) step.
 	Iteration int
@@ -34,6 +36,9 @@ type Step struct {
 	// Rules is the step's outcome rules document (SPEC §8; empty when it has none). The executor evaluates it
 	// after the attempt; handlers need not look at it.
 	Rules json.RawMessage
+
+	// token is the attempt's fencing token (store.Started.Token): every write of the attempt carries it.
+	token int
 }
 
 // DecodeInput unmarshals the step's input into v. A failure is returned as a permanent error: input that does

@@ -11,8 +11,8 @@ import (
 
 // retryDB runs fn until it succeeds, fails with an error that retrying cannot fix, or ctx ends. It retries
 // what a lost or restarted connection produces (network errors, SQLSTATE class 08, admin shutdown) and
-// serialization failures, with capped exponential backoff. Recording calls are fenced by attempt, so repeating
-// one whose first try did commit changes nothing.
+// serialization failures, with capped exponential backoff. Recording calls are fenced by the attempt's token, so
+// repeating one whose first try did commit changes nothing.
 func retryDB(ctx context.Context, fn func() error) error {
 	delay := 50 * time.Millisecond
 	for {

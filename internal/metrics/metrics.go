@@ -36,7 +36,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		claimed: prometheus.NewCounter(prometheus.CounterOpts{Name: "stepready_steps_claimed_total",
 			Help: "Steps claimed by this daemon (claim_ready_steps rows)."}),
 		started: prometheus.NewCounter(prometheus.CounterOpts{Name: "stepready_attempts_started_total",
-			Help: "Attempts started (start_step returned an attempt number)."}),
+			Help: "Attempts started (start_step returned a fencing token)."}),
 		completed: prometheus.NewCounter(prometheus.CounterOpts{Name: "stepready_attempts_completed_total",
 			Help: "Attempts recorded as successful (complete_step or continue_step)."}),
 		failed: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stepready_attempts_failed_total",

@@ -114,7 +114,12 @@ func claimWithNextDue[T any](ctx context.Context, db BatchSender, capHint int, s
 
 // Started is an attempt that start_step let run, with what its handler needs beyond the claim.
 type Started struct {
-	// Attempt is the attempt number: the fencing token of every later call.
+	// Token is the attempt's fencing token (the `attempt` column of the start functions): every later call of the
+	// attempt (heartbeat, complete, fail, continue, release, policy evaluation) carries it. It never repeats for
+	// a step; it equals Attempt until the step is reset or repeats.
+	Token int
+	// Attempt is the attempt's number within the current iteration (1-based): what users, rules, logs and events
+	// see.
 	Attempt int
 	// Iteration is the step's iteration (repeating steps).
 	Iteration int
@@ -129,25 +134,23 @@ type Started struct {
 // StartStep moves an enqueued step to in_progress. ok is false when the step must not run (no longer enqueued,
 // or its task stopped being runnable): the worker then drops it.
 func StartStep(ctx context.Context, db DBTX, stepID int64, worker string, lease time.Duration) (Started, bool, error) {
-	// One round trip: the attempt from start_step, and the step's run context read from the same statement's
-	// snapshot (start_step changes neither the iteration, the input, the rules nor the task context).
+	// start_steps of one step (what start_step does): one round trip, with the token, the attempt number and the
+	// run context in its row.
 	var st Started
-	var attempt, iteration *int
-	err := db.QueryRow(ctx, `SELECT a.attempt, s.iteration, s.input, t.context, s.rules
-		FROM (SELECT stepready.start_step($1, $2, $3) AS attempt) a
-		LEFT JOIN stepready.steps s ON s.id = $1
-		LEFT JOIN stepready.tasks t ON t.id = s.task_id`, stepID, worker, ms(lease)).
-		Scan(&attempt, &iteration, raw(&st.Input), raw(&st.Context), raw(&st.Rules))
+	var token, attempt, iteration *int
+	err := db.QueryRow(ctx, `SELECT attempt, attempt_number, iteration, input, context, rules
+		FROM stepready.start_steps(ARRAY[$1::bigint], $2, $3)`, stepID, worker, ms(lease)).
+		Scan(&token, &attempt, &iteration, raw(&st.Input), raw(&st.Context), raw(&st.Rules))
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return Started{}, false, nil
 		}
 		return Started{}, false, fmt.Errorf("store: start step %d: %w", stepID, err)
 	}
-	if attempt == nil || iteration == nil {
+	if token == nil || attempt == nil || iteration == nil {
 		return Started{}, false, nil
 	}
-	st.Attempt, st.Iteration = *attempt, *iteration
+	st.Token, st.Attempt, st.Iteration = *token, *attempt, *iteration
 	return st, true, nil
 }
 
@@ -185,8 +188,8 @@ type NextDue struct {
 	DBNow time.Time
 }
 
-const claimAndStartSQL = `SELECT step_id, task_id, name, handler, input, attempt, timeout_ms, queue, iteration,
-	context, rules FROM stepready.claim_and_start_steps($1, $2, $3)`
+const claimAndStartSQL = `SELECT step_id, task_id, name, handler, input, attempt, attempt_number, timeout_ms, queue,
+	iteration, context, rules FROM stepready.claim_and_start_steps($1, $2, $3)`
 
 // ClaimAndStartStepsNextDue is ClaimAndStartSteps preceded, in the same transaction and round trip, by
 // next_claim_at: both use the transaction's now(), and the due time is read before the claim, so a step whose
@@ -202,8 +205,8 @@ func ClaimAndStartStepsNextDue(ctx context.Context, db BatchSender, limit int, w
 
 func scanClaimedStarted(r pgx.CollectableRow) (ClaimedStarted, error) {
 	var c ClaimedStarted
-	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, raw(&c.Input), &c.Started.Attempt, &c.TimeoutMS,
-		&c.Queue, &c.Started.Iteration, raw(&c.Started.Context), raw(&c.Started.Rules))
+	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, raw(&c.Input), &c.Started.Token, &c.Started.Attempt,
+		&c.TimeoutMS, &c.Queue, &c.Started.Iteration, raw(&c.Started.Context), raw(&c.Started.Rules))
 	c.Attempts = c.Started.Attempt - 1
 	c.Started.Input = c.Input
 	return c, err
@@ -212,18 +215,19 @@ func scanClaimedStarted(r pgx.CollectableRow) (ClaimedStarted, error) {
 // StartSteps starts a batch of enqueued steps (stepready.start_steps). The map holds the steps that may run;
 // an id missing from it must not run (no longer enqueued, or its task stopped being runnable).
 func StartSteps(ctx context.Context, db DBTX, stepIDs []int64, worker string, lease time.Duration) (map[int64]Started, error) {
-	rows, err := db.Query(ctx, `SELECT step_id, attempt, iteration, input, context, rules
+	rows, err := db.Query(ctx, `SELECT step_id, attempt, attempt_number, iteration, input, context, rules
 		FROM stepready.start_steps($1, $2, $3)`, stepIDs, worker, ms(lease))
 	if err != nil {
 		return nil, fmt.Errorf("store: start %d steps: %w", len(stepIDs), err)
 	}
 	started := make(map[int64]Started, len(stepIDs))
 	var id int64
-	var attempt, iteration *int
+	var token, attempt, iteration *int
 	var st Started
-	_, err = pgx.ForEachRow(rows, []any{&id, &attempt, &iteration, raw(&st.Input), raw(&st.Context), raw(&st.Rules)}, func() error {
-		if attempt != nil && iteration != nil {
-			st.Attempt, st.Iteration = *attempt, *iteration
+	_, err = pgx.ForEachRow(rows, []any{&id, &token, &attempt, &iteration, raw(&st.Input), raw(&st.Context),
+		raw(&st.Rules)}, func() error {
+		if token != nil && attempt != nil && iteration != nil {
+			st.Token, st.Attempt, st.Iteration = *token, *attempt, *iteration
 			started[id] = st
 		}
 		st = Started{}
@@ -236,11 +240,11 @@ func StartSteps(ctx context.Context, db DBTX, stepIDs []int64, worker string, le
 }
 
 // CompleteSteps records a batch of successful attempts (stepready.complete_steps); entry i is step stepIDs[i],
-// attempt attempts[i], output outputs[i]. It returns, per step id, whether its entry was recorded (false: fenced
-// out). A collect error of one entry fails the whole call.
-func CompleteSteps(ctx context.Context, db DBTX, stepIDs []int64, attempts []int, outputs []json.RawMessage) (map[int64]bool, error) {
-	if len(attempts) != len(stepIDs) || len(outputs) != len(stepIDs) {
-		return nil, fmt.Errorf("store: complete steps: %d ids, %d attempts, %d outputs", len(stepIDs), len(attempts),
+// fencing token tokens[i], output outputs[i]. It returns, per step id, whether its entry was recorded (false:
+// fenced out). A collect error of one entry fails the whole call.
+func CompleteSteps(ctx context.Context, db DBTX, stepIDs []int64, tokens []int, outputs []json.RawMessage) (map[int64]bool, error) {
+	if len(tokens) != len(stepIDs) || len(outputs) != len(stepIDs) {
+		return nil, fmt.Errorf("store: complete steps: %d ids, %d tokens, %d outputs", len(stepIDs), len(tokens),
 			len(outputs))
 	}
 	docs := make([]string, len(outputs))
@@ -248,7 +252,7 @@ func CompleteSteps(ctx context.Context, db DBTX, stepIDs []int64, attempts []int
 		docs[i] = string(o)
 	}
 	rows, err := db.Query(ctx, `SELECT step_id, completed FROM stepready.complete_steps($1, $2, $3::jsonb[])`,
-		stepIDs, attempts, docs)
+		stepIDs, tokens, docs)
 	if err != nil {
 		return nil, fmt.Errorf("store: complete %d steps: %w", len(stepIDs), err)
 	}
@@ -261,17 +265,17 @@ func CompleteSteps(ctx context.Context, db DBTX, stepIDs []int64, attempts []int
 	return done, nil
 }
 
-// Completion is one successful attempt for RecordOutcomes.
+// Completion is one successful attempt for RecordOutcomes: Token is its fencing token (Started.Token).
 type Completion struct {
-	StepID  int64
-	Attempt int
-	Output  json.RawMessage
+	StepID int64
+	Token  int
+	Output json.RawMessage
 }
 
-// Failure is one failed attempt for RecordOutcomes: ErrorDoc is fail_step's p_error.
+// Failure is one failed attempt for RecordOutcomes: Token is its fencing token, ErrorDoc fail_step's p_error.
 type Failure struct {
 	StepID   int64
-	Attempt  int
+	Token    int
 	ErrorDoc json.RawMessage
 }
 
@@ -304,10 +308,10 @@ func RecordOutcomes(ctx context.Context, db interface {
 	}
 	if len(completions) > 0 {
 		ids := make([]int64, len(completions))
-		attempts := make([]int, len(completions))
+		tokens := make([]int, len(completions))
 		outputs := make([]string, len(completions))
 		for i, c := range completions {
-			ids[i], attempts[i], outputs[i] = c.StepID, c.Attempt, string(c.Output)
+			ids[i], tokens[i], outputs[i] = c.StepID, c.Token, string(c.Output)
 		}
 		err := send(fmt.Sprintf("complete %d steps", len(ids)),
 			`SELECT step_id, completed FROM stepready.complete_steps($1, $2, $3::jsonb[])`,
@@ -316,17 +320,17 @@ func RecordOutcomes(ctx context.Context, db interface {
 				var ok bool
 				_, err := pgx.ForEachRow(rows, []any{&id, &ok}, func() error { done[id] = ok; return nil })
 				return err
-			}, ids, attempts, outputs)
+			}, ids, tokens, outputs)
 		if err != nil {
 			return nil, nil, err
 		}
 	}
 	if len(failures) > 0 {
 		ids := make([]int64, len(failures))
-		attempts := make([]int, len(failures))
+		tokens := make([]int, len(failures))
 		docs := make([]string, len(failures))
 		for i, f := range failures {
-			ids[i], attempts[i], docs[i] = f.StepID, f.Attempt, string(f.ErrorDoc)
+			ids[i], tokens[i], docs[i] = f.StepID, f.Token, string(f.ErrorDoc)
 		}
 		err := send(fmt.Sprintf("fail %d steps", len(ids)),
 			`SELECT step_id, state, next_attempt_at, reason FROM stepready.fail_steps($1, $2, $3::jsonb[])`,
@@ -343,7 +347,7 @@ func RecordOutcomes(ctx context.Context, db interface {
 					return nil
 				})
 				return err
-			}, ids, attempts, docs)
+			}, ids, tokens, docs)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -358,20 +362,21 @@ func RecordOutcomes(ctx context.Context, db interface {
 	return done, failed, nil
 }
 
-// HeartbeatStep extends the lease of a running attempt; false when the attempt is no longer the running one.
-func HeartbeatStep(ctx context.Context, db DBTX, stepID int64, attempt int, lease time.Duration) (bool, error) {
+// HeartbeatStep extends the lease of the running attempt whose fencing token is token; false when that attempt is
+// no longer the running one (cancelled, resolved, reaped, reset): the worker must then stop its handler.
+func HeartbeatStep(ctx context.Context, db DBTX, stepID int64, token int, lease time.Duration) (bool, error) {
 	var ok bool
-	if err := db.QueryRow(ctx, `SELECT stepready.heartbeat_step($1, $2, $3)`, stepID, attempt, ms(lease)).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: heartbeat step %d attempt %d: %w", stepID, attempt, err)
+	if err := db.QueryRow(ctx, `SELECT stepready.heartbeat_step($1, $2, $3)`, stepID, token, ms(lease)).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: heartbeat step %d token %d: %w", stepID, token, err)
 	}
 	return ok, nil
 }
 
-// CompleteStep records a successful attempt; false when the attempt was fenced out.
-func CompleteStep(ctx context.Context, db DBTX, stepID int64, attempt int, output json.RawMessage) (bool, error) {
+// CompleteStep records a successful attempt (token: its fencing token); false when the attempt was fenced out.
+func CompleteStep(ctx context.Context, db DBTX, stepID int64, token int, output json.RawMessage) (bool, error) {
 	var ok bool
-	if err := db.QueryRow(ctx, `SELECT stepready.complete_step($1, $2, $3)`, stepID, attempt, output).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: complete step %d attempt %d: %w", stepID, attempt, err)
+	if err := db.QueryRow(ctx, `SELECT stepready.complete_step($1, $2, $3)`, stepID, token, output).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: complete step %d token %d: %w", stepID, token, err)
 	}
 	return ok, nil
 }
@@ -390,14 +395,15 @@ type FailResult struct {
 // Stale reports whether the attempt had been fenced out and nothing was recorded.
 func (r FailResult) Stale() bool { return r.Reason != nil && *r.Reason == "stale_attempt" }
 
-// FailStep records a failed attempt with the error document of SPEC §6 ({class, message, code, …}).
-func FailStep(ctx context.Context, db DBTX, stepID int64, attempt int, errorDoc json.RawMessage) (FailResult, error) {
+// FailStep records a failed attempt (token: its fencing token) with the error document of SPEC §6 ({class,
+// message, code, …}).
+func FailStep(ctx context.Context, db DBTX, stepID int64, token int, errorDoc json.RawMessage) (FailResult, error) {
 	var r FailResult
 	var state *string
 	err := db.QueryRow(ctx, `SELECT state, next_attempt_at, reason FROM stepready.fail_step($1, $2, $3)`,
-		stepID, attempt, errorDoc).Scan(&state, &r.NextAttemptAt, &r.Reason)
+		stepID, token, errorDoc).Scan(&state, &r.NextAttemptAt, &r.Reason)
 	if err != nil {
-		return FailResult{}, fmt.Errorf("store: fail step %d attempt %d: %w", stepID, attempt, err)
+		return FailResult{}, fmt.Errorf("store: fail step %d token %d: %w", stepID, token, err)
 	}
 	if state != nil {
 		r.State = *state
@@ -405,24 +411,26 @@ func FailStep(ctx context.Context, db DBTX, stepID int64, attempt int, errorDoc 
 	return r, nil
 }
 
-// ContinueStep records a successful iteration and schedules the next one; false when fenced out.
-func ContinueStep(ctx context.Context, db DBTX, stepID int64, attempt int, output, nextInput json.RawMessage,
+// ContinueStep records a successful iteration (token: the attempt's fencing token) and schedules the next one;
+// false when fenced out.
+func ContinueStep(ctx context.Context, db DBTX, stepID int64, token int, output, nextInput json.RawMessage,
 	delay time.Duration) (bool, error) {
 	var ok bool
 	if delay < 0 {
 		delay = 0
 	}
 	if err := db.QueryRow(ctx, `SELECT stepready.continue_step($1, $2, $3, $4, $5)`,
-		stepID, attempt, output, nextInput, ms(delay)).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: continue step %d attempt %d: %w", stepID, attempt, err)
+		stepID, token, output, nextInput, ms(delay)).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: continue step %d token %d: %w", stepID, token, err)
 	}
 	return ok, nil
 }
 
-// ReleaseStep hands an attempt back uncharged (shutdown). attempt nil releases a step claimed but never started.
-func ReleaseStep(ctx context.Context, db DBTX, stepID int64, attempt *int) (bool, error) {
+// ReleaseStep hands an attempt back uncharged (shutdown); token is the attempt's fencing token. token nil releases
+// a step claimed but never started.
+func ReleaseStep(ctx context.Context, db DBTX, stepID int64, token *int) (bool, error) {
 	var ok bool
-	if err := db.QueryRow(ctx, `SELECT stepready.release_step($1, $2)`, stepID, attempt).Scan(&ok); err != nil {
+	if err := db.QueryRow(ctx, `SELECT stepready.release_step($1, $2)`, stepID, token).Scan(&ok); err != nil {
 		return false, fmt.Errorf("store: release step %d: %w", stepID, err)
 	}
 	return ok, nil
@@ -448,12 +456,12 @@ func NextClaimAt(ctx context.Context, db DBTX) (next *time.Time, dbNow time.Time
 	return next, dbNow, nil
 }
 
-// RecordPolicyEvaluation appends the policy.evaluated event of a running attempt (what its rules decided);
-// false when the attempt was fenced out.
-func RecordPolicyEvaluation(ctx context.Context, db DBTX, stepID int64, attempt int, details json.RawMessage) (bool, error) {
+// RecordPolicyEvaluation appends the policy.evaluated event of a running attempt (token: its fencing token; what
+// its rules decided); false when the attempt was fenced out.
+func RecordPolicyEvaluation(ctx context.Context, db DBTX, stepID int64, token int, details json.RawMessage) (bool, error) {
 	var ok bool
-	if err := db.QueryRow(ctx, `SELECT stepready.record_policy_evaluation($1, $2, $3)`, stepID, attempt, details).Scan(&ok); err != nil {
-		return false, fmt.Errorf("store: record policy evaluation of step %d attempt %d: %w", stepID, attempt, err)
+	if err := db.QueryRow(ctx, `SELECT stepready.record_policy_evaluation($1, $2, $3)`, stepID, token, details).Scan(&ok); err != nil {
+		return false, fmt.Errorf("store: record policy evaluation of step %d token %d: %w", stepID, token, err)
 	}
 	return ok, nil
 }

@@ -15,20 +15,22 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// lcStarted is one row of start_steps or claim_and_start_steps (the columns both have).
+// lcStarted is one row of start_steps or claim_and_start_steps (the columns both have). Attempt is the fencing
+// token, AttemptNumber the attempt's number within its iteration.
 type lcStarted struct {
-	StepID    int64
-	Attempt   *int
-	Iteration *int
-	Input     *string
-	Context   *string
-	Rules     *string
+	StepID        int64
+	Attempt       *int
+	AttemptNumber *int
+	Iteration     *int
+	Input         *string
+	Context       *string
+	Rules         *string
 }
 
 // startSteps calls start_steps and returns its rows by step id.
 func (b *lcBundle) startSteps(ids []int64, asOf time.Time) map[int64]lcStarted {
 	b.t.Helper()
-	rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id, attempt, iteration, input::text AS input,
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id, attempt, attempt_number, iteration, input::text AS input,
 		context::text AS context, rules::text AS rules FROM stepready.start_steps($1, $2, $3, $4)`,
 		ids, lcWorker, lcLeaseMs, asOf)
 	require.NoError(b.t, err)
@@ -69,7 +71,7 @@ func (b *lcBundle) completeSteps(ids []int64, attempts []int, outputs []string, 
 // claimAndStart calls claim_and_start_steps and returns its rows in order.
 func (b *lcBundle) claimAndStart(limit int, asOf time.Time) []lcStarted {
 	b.t.Helper()
-	rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id, attempt, iteration, input::text AS input,
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id, attempt, attempt_number, iteration, input::text AS input,
 		context::text AS context, rules::text AS rules FROM stepready.claim_and_start_steps($1, $2, $3, $4)`,
 		limit, lcWorker, lcLeaseMs, asOf)
 	require.NoError(b.t, err)

@@ -22,9 +22,12 @@ func (b *lcBundle) lcBookkeepingViolations(before map[int64]time.Time, snapshots
 		           CASE WHEN (s.state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually'))
 		                     <> (s.completed_at IS NOT NULL)
 		                THEN format('state %s with completed_at %s', s.state, s.completed_at) END,
-		           CASE WHEN (s.state IN ('enqueued', 'in_progress'))
-		                     <> (s.lease_owner IS NOT NULL AND s.lease_expires_at IS NOT NULL)
+		           -- In flight means leased; a lease outside flight is an orphaned one (a running attempt an
+		           -- operator moved out of flight), so a step that was never started has none.
+		           CASE WHEN (s.state IN ('enqueued', 'in_progress') AND s.lease_expires_at IS NULL)
 		                  OR (s.lease_owner IS NULL) <> (s.lease_expires_at IS NULL)
+		                  OR (s.state NOT IN ('enqueued', 'in_progress') AND s.lease_expires_at IS NOT NULL
+		                      AND s.fence_token = 0)
 		                THEN format('state %s with lease %s until %s', s.state, s.lease_owner, s.lease_expires_at) END,
 		           CASE WHEN s.state IN ('pending', 'waiting_for_retry')
 		                 AND (s.task_held <> (t.paused OR t.status NOT IN ('pending', 'in_progress'))
@@ -136,6 +139,13 @@ func TestStepBookkeepingInvariants(t *testing.T) {
 	b.exec(`UPDATE stepready.steps SET state = 'complete' WHERE id = $1`, oids["s"])
 	check("UPDATE to complete by hand")
 	b.requireStatus(other, "complete")
+	// Moving a running step out of flight by hand is an operator's action like cancel_task: the attempt keeps its
+	// lease, orphaned, until its worker reports (the refused report ends it) or the lease expires.
+	require.Equal(t, 1, b.step(oids["s"]).FenceToken, "the token follows the attempts set by hand")
+	require.NotNil(t, b.step(oids["s"]).LeaseExpiresAt)
+	require.False(t, b.complete(oids["s"], 1, `{}`, at))
+	check("the orphaned attempt's report")
+	require.Nil(t, b.step(oids["s"]).LeaseExpiresAt)
 }
 
 // TestHotPathSkipsTheRowTrigger: claiming, starting, completing and failing a batch do their own bookkeeping, so

@@ -63,11 +63,13 @@ type lcStep struct {
 	BreakerCount       int
 	BreakerFingerprint *string
 	CompletedAt        *time.Time
+	FenceToken         int
 }
 
 const lcStepColumns = `id, task_id, name, state, attempts, max_attempts, retryable, next_attempt_at,
 	last_attempted_at, lease_owner, lease_expires_at, input::text AS input, output::text AS output,
-	last_error::text AS last_error, iteration, pending_parents, breaker_count, breaker_fingerprint, completed_at`
+	last_error::text AS last_error, iteration, pending_parents, breaker_count, breaker_fingerprint, completed_at,
+	fence_token`
 
 type lcTask struct {
 	ID          int64
@@ -183,6 +185,21 @@ func (b *lcBundle) snapshot(stepID int64) string {
 		SELECT (SELECT to_jsonb(s)::text FROM stepready.steps s WHERE s.id = $1),
 		       (SELECT count(*) FROM stepready.step_events e WHERE e.step_id = $1)`, stepID).Scan(&row, &events))
 	return fmt.Sprintf("%s events=%d", row, events)
+}
+
+// taskSnapshotBeyondLeases is taskSnapshot without the lease columns of steps outside flight and their
+// updated_at: what a refused call may change when it ends its attempt's orphaned lease (sql/046_leases.sql).
+func (b *lcBundle) taskSnapshotBeyondLeases(taskID int64) string {
+	b.t.Helper()
+	var s string
+	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `
+		SELECT (SELECT to_jsonb(t)::text FROM stepready.tasks t WHERE t.id = $1)
+		    || (SELECT COALESCE(string_agg(CASE WHEN s.state IN ('enqueued', 'in_progress') THEN to_jsonb(s)
+		                                         ELSE to_jsonb(s) - 'lease_owner' - 'lease_expires_at' - 'updated_at'
+		                                    END::text, ',' ORDER BY s.id), '')
+		          FROM stepready.steps s WHERE s.task_id = $1)
+		    || (SELECT count(*) FROM stepready.step_events e WHERE e.task_id = $1)::text`, taskID).Scan(&s))
+	return s
 }
 
 // taskSnapshot is every step row of a task, its task row and its event count.

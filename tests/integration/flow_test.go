@@ -40,10 +40,11 @@ func (b *lcBundle) explainMessages(stepID int64, asOf time.Time) []string {
 	return got
 }
 
+// inFlight is the number of slots of a key taken at lcBase: steps in flight, and orphaned leases (a running
+// attempt an operator moved out of flight) not expired.
 func (b *lcBundle) inFlight(key string) int {
 	b.t.Helper()
-	return b.intCall(`SELECT count(*)::int FROM stepready.steps WHERE concurrency_key = $1
-		AND state IN ('enqueued', 'in_progress')`, key)
+	return b.intCall(`SELECT stepready._flow_in_flight($1, $2)`, key, lcBase)
 }
 
 func TestFlowDefinitionFieldsAndPlaceholders(t *testing.T) {
@@ -156,8 +157,28 @@ func TestFlowConcurrencyLimitAndEveryRelease(t *testing.T) {
 			b.exec(`UPDATE stepready.steps SET lease_expires_at = $2 WHERE id = $1`, id, at.Add(-time.Second))
 			require.Equal(b.t, 1, b.intCall(`SELECT stepready.reap_expired_leases($1)`, at))
 		}},
-		{"cancel", func(b *lcBundle, id int64, at time.Time) {
+		// A cancelled attempt keeps its slot while its handler may run: until its worker reports...
+		{"cancel, then the worker reports", func(b *lcBundle, id int64, at time.Time) {
+			attempt := b.attemptOf(id)
 			b.exec(`SELECT stepready.cancel_task(task_id, 'no', $2) FROM stepready.steps WHERE id = $1`, id, at)
+			require.Equal(b.t, 2, b.inFlight("k"), "the cancelled attempt still holds its slot")
+			require.Equal(b.t, "stale_attempt", lcDeref(b.fail(id, attempt, `{"class": "canceled"}`, at, 0).Reason))
+		}},
+		// ... or its lease expires: the count tests the expiry itself (at the microsecond), the reaper clears it.
+		{"cancel, then the lease expires", func(b *lcBundle, id int64, at time.Time) {
+			b.exec(`UPDATE stepready.steps SET lease_expires_at = $2 WHERE id = $1`, id, at.Add(time.Minute))
+			b.exec(`SELECT stepready.cancel_task(task_id, 'no', $2) FROM stepready.steps WHERE id = $1`, id, at)
+			require.Equal(b.t, 2, b.intCall(`SELECT stepready._flow_in_flight('k', $1)`, at.Add(time.Minute)))
+			require.Equal(b.t, 1, b.intCall(`SELECT stepready._flow_in_flight('k', $1)`, at.Add(time.Minute+lcTick)))
+			b.exec(`UPDATE stepready.steps SET lease_expires_at = $2 WHERE id = $1`, id, at.Add(-time.Second))
+			require.Equal(b.t, 1, b.intCall(`SELECT stepready.reap_expired_leases($1)`, at))
+			require.Nil(b.t, b.step(id).LeaseExpiresAt)
+		}},
+		{"resolve, then the worker reports", func(b *lcBundle, id int64, at time.Time) {
+			attempt := b.attemptOf(id)
+			b.exec(`SELECT stepready.resolve_step($1, '{}', $2)`, id, at)
+			require.Equal(b.t, 2, b.inFlight("k"), "the resolved attempt still holds its slot")
+			require.False(b.t, b.complete(id, attempt, `{}`, at))
 		}},
 		{"delete (prune)", func(b *lcBundle, id int64, _ time.Time) {
 			b.exec(`DELETE FROM stepready.tasks WHERE id = (SELECT task_id FROM stepready.steps WHERE id = $1)`, id)
@@ -222,11 +243,17 @@ func TestFlowResetAndOverrides(t *testing.T) {
 		lcRequireSQLState(t, b.callErr(sql), "22023")
 	}
 
-	// Cancel and reset: the cancelled in-flight steps free their slots; reset makes them pending again.
+	// Cancel and reset: the cancelled in-flight step keeps its slot while its attempt may still run, and the reset
+	// step waits for that attempt to end (never two runs of one step); the old worker's report ends both.
 	taskOf := b.intCall(`SELECT task_id::int FROM stepready.steps WHERE id = $1`, ids[3])
-	b.exec(`SELECT stepready.cancel_task($1)`, taskOf)
+	old := b.attemptOf(ids[3])
+	b.exec(`SELECT stepready.cancel_task($1, NULL, $2)`, taskOf, at)
+	require.Equal(t, 3, b.inFlight("k"))
+	require.Equal(t, 1, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskOf, at))
+	b.requireNotReady(ids[3], at, "in_flight")
+	require.Empty(t, b.startIDs(10, at))
+	require.False(t, b.complete(ids[3], old, `{}`, at))
 	require.Equal(t, 2, b.inFlight("k"))
-	require.Equal(t, 1, b.intCall(`SELECT stepready.reset_task($1)`, taskOf))
 	b.requireReady(ids[3], at)
 	require.Equal(t, ids[3:4], b.startIDs(10, at))
 	require.Equal(t, 3, b.inFlight("k"))
@@ -419,10 +446,10 @@ func (b *lcBundle) startIDs(limit int, asOf time.Time) []int64 {
 	return lcStartedIDs(b.claimAndStart(limit, asOf))
 }
 
-// attemptOf is a step's current attempt number (its fencing token while in flight).
+// attemptOf is the fencing token of a step's current (or last started) attempt.
 func (b *lcBundle) attemptOf(stepID int64) int {
 	b.t.Helper()
-	return b.intCall(`SELECT attempts FROM stepready.steps WHERE id = $1`, stepID)
+	return b.intCall(`SELECT fence_token FROM stepready.steps WHERE id = $1`, stepID)
 }
 
 // A keyed claim reads about as many index entries and rows as the keys it visits, whatever the table holds: the

@@ -473,6 +473,8 @@ func TestCompleteStepFencing(t *testing.T) {
 			b.runToComplete(step, `{"first": true}`, at)
 			return 1
 		}},
+		// The cancelled attempt's lease is orphaned (its slot is kept while the handler may run): the refused
+		// result ends it, and changes nothing else.
 		{"cancelled", func(b *lcBundle, taskID, step int64) int {
 			attempt := b.run(step, at)
 			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, at)
@@ -490,9 +492,12 @@ func TestCompleteStepFencing(t *testing.T) {
 			b := lcSetup(t)
 			taskID, step := b.oneStep("")
 			attempt := tc.setup(b, taskID, step)
-			before := b.taskSnapshot(taskID)
+			before := b.taskSnapshotBeyondLeases(taskID)
 			require.False(t, b.complete(step, attempt, `{"late": true}`, at.Add(time.Second)))
-			require.Equal(t, before, b.taskSnapshot(taskID), "a fenced complete_step changes nothing")
+			require.Equal(t, before, b.taskSnapshotBeyondLeases(taskID), "a fenced complete_step changes nothing")
+			if s := b.step(step); s.State != "enqueued" && s.State != "in_progress" {
+				require.Nil(t, s.LeaseExpiresAt, "and leaves no lease outside flight")
+			}
 		})
 	}
 
@@ -643,7 +648,9 @@ func TestContinueStep(t *testing.T) {
 			require.Equal(t, []int64{step}, b.claimIDs(due))
 			got := b.step(step)
 			require.JSONEq(t, tc.wantInput, got.Input)
-			require.Equal(t, 1, lcDeref(b.start(step, due)), "the new iteration starts at attempt 1")
+			token := lcDeref(b.start(step, due))
+			require.Equal(t, 1, b.step(step).Attempts, "the new iteration starts at attempt 1")
+			require.Equal(t, attempt+1, token, "its fencing token goes on from the last attempt's: it never repeats")
 		})
 	}
 }
@@ -666,9 +673,10 @@ func TestContinueStepGivesEachIterationItsOwnRetryBudget(t *testing.T) {
 	now = b.retryOnce(step, `{"class": "transient"}`, now)
 	require.Equal(t, 2, b.step(step).Attempts)
 	require.Equal(t, 1, b.step(step).Iteration)
-	// And the budget of iteration 1 ends at its third attempt.
+	// And the budget of iteration 1 ends at its third attempt (the sixth fencing token of the step).
 	attempt = b.run(step, now)
-	require.Equal(t, 3, attempt)
+	require.Equal(t, 3, b.step(step).Attempts)
+	require.Equal(t, 6, attempt)
 	r := b.fail(step, attempt, `{"class": "transient"}`, now, 0)
 	require.Equal(t, "error", lcDeref(r.State))
 	require.Equal(t, "retries_exhausted", lcDeref(r.Reason))
@@ -852,9 +860,16 @@ func TestReleaseStep(t *testing.T) {
 			require.Equal(t, tc.wantState, lcDeref(ev.ToState))
 			require.True(t, releaseAt.Equal(ev.At))
 
-			// Immediately ready again, and the next attempt has the same number as the released one would.
+			// Immediately ready again, and the next attempt has the same number as the released one would, with a
+			// fencing token of its own (the released attempt's is never given again).
 			require.Equal(t, []int64{step}, b.claimIDs(releaseAt))
-			require.Equal(t, tc.wantAttempts+1, lcDeref(b.start(step, releaseAt)))
+			token := lcDeref(b.start(step, releaseAt))
+			require.Equal(t, tc.wantAttempts+1, b.step(step).Attempts)
+			if attempt != nil {
+				require.Equal(t, *attempt+1, token)
+			} else {
+				require.Equal(t, tc.wantAttempts+1, token)
+			}
 		})
 	}
 }

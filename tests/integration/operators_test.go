@@ -44,7 +44,14 @@ func TestCancelTask(t *testing.T) {
 	for _, name := range []string{"running", "idle", "waiting", "child", "claimed"} {
 		s := b.step(ids[name])
 		require.Equal(t, "cancelled", s.State, name)
-		require.Nil(t, s.LeaseOwner, name)
+		if name == "running" {
+			// Its handler may still run: the lease stays, orphaned, until the worker reports or it expires.
+			require.Equal(t, lcWorker, lcDeref(s.LeaseOwner), name)
+			require.NotNil(t, s.LeaseExpiresAt, name)
+		} else {
+			require.Nil(t, s.LeaseOwner, name)
+			require.Nil(t, s.LeaseExpiresAt, name)
+		}
 		ev := b.lastEvents(ids[name], 1)[0]
 		require.Equal(t, "step.cancelled", ev.Event, name)
 		require.Equal(t, "operator said so", ev.Details["reason"], name)
@@ -55,9 +62,13 @@ func TestCancelTask(t *testing.T) {
 	ev := b.requireOperatorEvent(taskID, nil, "operator.cancel", cancelAt)
 	require.Equal(t, "operator said so", ev.Details["reason"])
 
-	// The in-flight attempt is fenced out; nothing of the task runs any more.
-	before := b.taskSnapshot(taskID)
+	// The in-flight attempt is fenced out; nothing of the task runs any more. Its worker's first report ends
+	// its orphaned lease and changes nothing else.
+	before := b.taskSnapshotBeyondLeases(taskID)
 	require.False(t, b.complete(ids["running"], running, `{}`, cancelAt))
+	require.Equal(t, before, b.taskSnapshotBeyondLeases(taskID))
+	require.Nil(t, b.step(ids["running"]).LeaseOwner)
+	before = b.taskSnapshot(taskID)
 	r := b.fail(ids["running"], running, `{}`, cancelAt, 0)
 	require.Equal(t, "stale_attempt", lcDeref(r.Reason))
 	require.False(t, b.boolCall(`SELECT stepready.heartbeat_step($1, $2, 1000, $3)`, ids["running"], running,
@@ -356,13 +367,15 @@ func TestResolveStepFencesTheRunningAttempt(t *testing.T) {
 	attempt := b.run(step, lcBase)
 	require.True(t, b.boolCall(`SELECT stepready.resolve_step($1, '{"by": "hand"}'::jsonb, $2)`, step, lcBase))
 	b.requireStatus(taskID, "complete")
-	before := b.taskSnapshot(taskID)
+	require.NotNil(t, b.step(step).LeaseExpiresAt, "the running attempt keeps its lease, orphaned")
+	before := b.taskSnapshotBeyondLeases(taskID)
 
 	require.False(t, b.complete(step, attempt, `{"by": "worker"}`, lcBase))
+	require.Nil(t, b.step(step).LeaseExpiresAt, "the worker's report ends the orphaned lease")
 	r := b.fail(step, attempt, `{}`, lcBase, 0)
 	require.Equal(t, "stale_attempt", lcDeref(r.Reason))
 	require.Equal(t, "resolved_manually", lcDeref(r.State))
-	require.Equal(t, before, b.taskSnapshot(taskID), "the stale worker result changes nothing")
+	require.Equal(t, before, b.taskSnapshotBeyondLeases(taskID), "the stale worker result changes nothing else")
 	require.JSONEq(t, `{"by": "hand"}`, lcDeref(b.step(step).Output))
 }
 
