@@ -109,9 +109,18 @@ SELECT ev.id, ev.task_id, t.name, ev.step_id, s.name, ev.attempt, ev.iteration, 
 SELECT COALESCE(max(ev.id), 0) FROM stepready.step_events ev;
 
 -- name: attempts
--- ReadTask, ReadStep: one row per attempt of the steps of task $1 ($2: one step, NULL = all): its start, its end
--- and outcome (succeeded, failed, lease expired, or running), from step_events.
-SELECT ev.step_id, ev.attempt,
+-- ReadTask, ReadStep: one row per run of the steps of task $1 ($2: one step, NULL = all): its attempt number, its
+-- start, its end and outcome (succeeded, failed, lease expired, or running), from step_events. A run is what
+-- follows one attempt.started event of the step, up to the next: attempt numbers repeat after reset_task or a
+-- repetition (continue_step), runs do not.
+WITH ev AS (
+    SELECT ev.id, ev.step_id, ev.attempt, ev.event, ev.details, ev.at,
+           count(*) FILTER (WHERE ev.event = 'attempt.started') OVER (PARTITION BY ev.step_id ORDER BY ev.id) AS run
+      FROM stepready.step_events ev
+     WHERE ev.task_id = $1 AND ev.step_id IS NOT NULL AND ($2::bigint IS NULL OR ev.step_id = $2)
+)
+SELECT ev.step_id,
+       min(ev.attempt) FILTER (WHERE ev.event = 'attempt.started') AS attempt,
        min(ev.at) FILTER (WHERE ev.event = 'attempt.started') AS started,
        max(ev.at) FILTER (WHERE ev.event IN ('attempt.succeeded', 'attempt.failed', 'lease.expired')) AS ended,
        COALESCE((array_agg(ev.event ORDER BY ev.id DESC)
@@ -119,11 +128,9 @@ SELECT ev.step_id, ev.attempt,
                 'running') AS outcome,
        (array_agg(ev.details ORDER BY ev.id DESC)
         FILTER (WHERE ev.event IN ('attempt.failed', 'lease.expired')))[1] AS error
-  FROM stepready.step_events ev
- WHERE ev.task_id = $1 AND ev.attempt IS NOT NULL AND ev.step_id IS NOT NULL
-   AND ($2::bigint IS NULL OR ev.step_id = $2)
- GROUP BY ev.step_id, ev.attempt
-HAVING min(ev.at) FILTER (WHERE ev.event = 'attempt.started') IS NOT NULL
+  FROM ev
+ WHERE ev.run > 0
+ GROUP BY ev.step_id, ev.run
  ORDER BY started, ev.step_id;
 
 -- name: step

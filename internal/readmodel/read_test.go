@@ -416,3 +416,27 @@ func TestEveryQueryRuns(t *testing.T) {
 type jsonRaw = json.RawMessage
 
 func jsonUnmarshal(b []byte, v any) error { return json.Unmarshal(b, v) }
+
+// Attempt numbers repeat after reset_task; the attempts of a step are its runs, each with its own outcome.
+func TestAttemptsAreRunsNotNumbers(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := t.Context()
+	var taskID, stepID int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT stepready.create_task('{"name": "t",
+		"steps": [{"name": "s", "handler": "noop", "retry": {"policy": "none"}}]}')`).Scan(&taskID))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT step_id FROM stepready.claim_and_start_steps(1, 'w', 60000)`).
+		Scan(&stepID))
+	exec(t, db, `SELECT * FROM stepready.fail_step($1, 1, '{"class": "permanent", "message": "first run"}')`, stepID)
+	exec(t, db, `SELECT stepready.reset_task($1)`, taskID)
+	exec(t, db, `SELECT count(*) FROM stepready.claim_and_start_steps(1, 'w', 60000)`)
+	exec(t, db, `SELECT stepready.complete_step($1, 2, '{}')`, stepID)
+
+	d, err := readmodel.ReadTask(ctx, db.Pool, taskID, readmodel.TaskOptions{Attempts: true})
+	require.NoError(t, err)
+	require.Len(t, d.Attempts, 2)
+	require.Equal(t, int32(1), d.Attempts[0].Attempt)
+	require.Equal(t, "attempt.failed", d.Attempts[0].Outcome)
+	require.Equal(t, int32(1), d.Attempts[1].Attempt, "the number repeats after the reset")
+	require.Equal(t, "attempt.succeeded", d.Attempts[1].Outcome)
+}
