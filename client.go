@@ -89,7 +89,13 @@ type Config struct {
 	ShutdownGrace time.Duration
 	// WorkerID names this process in leases and events (default hostname-pid).
 	WorkerID string
-	// PollOnly disables LISTEN/NOTIFY, for PgBouncer in transaction pooling mode.
+	// PollOnly is for PgBouncer in transaction pooling mode (docs/daemon.md, "Behind PgBouncer"): no LISTEN
+	// (the poll interval and the timer of due steps carry the latency; River's producers poll every
+	// PollInterval, at most 1 s), and no named prepared statement: unless the pool's URL names
+	// default_query_exec_mode (or its configuration sets another mode than pgx's default), the client opens a
+	// pool of its own with the pool's configuration in pgx's exec mode, used by everything it runs, River's
+	// client included, and closed by Stop. Nothing the client runs depends on session state across
+	// transactions.
 	PollOnly bool
 	// DefaultTimeout is the attempt timeout of steps without timeout_ms (default steps.DefaultTimeout).
 	DefaultTimeout time.Duration

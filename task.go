@@ -73,7 +73,10 @@ func CreateTasks(ctx context.Context, db DBTX, definitions []json.RawMessage) ([
 		}
 		return nil, fmt.Errorf("%w: %w", ErrInvalidDefinition, err)
 	}
-	rows, err := db.Query(ctx, `SELECT ordinal, task_id, created FROM stepready.create_tasks($1)`, batch)
+	// As json.RawMessage, not []byte: pgx sends a []byte as bytea in the query modes that do not ask the server
+	// for the parameter's type (exec, simple protocol: the modes that work through a transaction pooler).
+	rows, err := db.Query(ctx, `SELECT ordinal, task_id, created FROM stepready.create_tasks($1)`,
+		json.RawMessage(batch))
 	if err != nil {
 		return nil, createError(err)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/stepready/stepready/internal/readmodel"
+	"github.com/stepready/stepready/internal/store"
 )
 
 // Actions (SPEC §16): task cancel, pause, resume and reset, step retry and resolve, each through the SQL operator
@@ -281,7 +282,7 @@ func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
 // back with the outcome: a refusal of the database is a message, not an error page.
 func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done, sql string, args ...any) {
 	err := pgx.BeginFunc(r.Context(), c.pool, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(r.Context(), `SELECT set_config('stepready.actor', 'ui', true)`); err != nil {
+		if err := store.NameActor(r.Context(), tx, "ui"); err != nil {
 			return err
 		}
 		_, err := tx.Exec(r.Context(), sql, args...)

@@ -43,8 +43,12 @@ type RiverConfig struct {
 	Concurrency int
 	// Queues are the River queues (steps.queue values) this process works. Default: ["default"].
 	Queues []string
-	// PollOnly disables River's LISTEN/NOTIFY.
+	// PollOnly disables River's LISTEN/NOTIFY. River's producers then find new jobs only by polling: every
+	// PollInterval, at most River's FetchPollIntervalDefault (1 s).
 	PollOnly bool
+	// PollInterval is the client's fallback poll (Config.PollInterval); with PollOnly it is River's fetch poll
+	// too, capped at River's default.
+	PollInterval time.Duration
 	// Logger receives the dispatcher's (and River's) logs.
 	Logger *slog.Logger
 	// Metrics records claims (nil: none).
@@ -98,13 +102,23 @@ func NewRiver(cfg RiverConfig) (*River, error) {
 		PollOnly:      cfg.PollOnly,
 		FetchCooldown: cooldown,
 		// River refuses a poll interval shorter than the cooldown (only a test's cooldown is that long).
-		FetchPollInterval: max(cooldown, river.FetchPollIntervalDefault),
+		FetchPollInterval: max(cooldown, fetchPollInterval(cfg)),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("readiness: river client: %w", err)
 	}
 	r.client = client
 	return r, nil
+}
+
+// fetchPollInterval is how often River's producers look for new jobs without being told. Notified of every
+// insert (settleJobs), they need River's default; polling only, each hand-off between steps waits for this
+// poll, so it follows the client's poll interval (the latency the user chose), capped at River's default.
+func fetchPollInterval(cfg RiverConfig) time.Duration {
+	if cfg.PollOnly && cfg.PollInterval > 0 {
+		return min(cfg.PollInterval, river.FetchPollIntervalDefault)
+	}
+	return river.FetchPollIntervalDefault
 }
 
 // riverAbortTimeout bounds the wait for River to stop after a start that ctx cancelled.

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
+
+	"github.com/stepready/stepready/internal/store"
 )
 
 // The operator commands (explain, task, step, template, policy) share this plumbing: a database URL, an output
@@ -57,7 +59,11 @@ func (o *dbOptions) format() (string, error) {
 	return "", usagef("--output %q: want %s or %s", o.output, outputTable, outputJSON)
 }
 
-// connect opens one connection to the database named by --database-url (or the environment).
+// connect opens one connection to the database named by --database-url (or the environment). It works through
+// a transaction pooler such as PgBouncer: it sends no startup parameter of its own (PgBouncer refuses unknown
+// ones; the actor of operator events is set in their transaction, operatorTx) and prepares no named statement
+// (store.UsePoolerQueryMode, unless the URL names default_query_exec_mode): a command runs each statement
+// once or twice, so caching them would only cost a round trip.
 func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
 	url, err := databaseURL(o.url)
 	if err != nil {
@@ -67,8 +73,7 @@ func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to the database: %w", err)
 	}
-	// Operator events of this session record who acted (sql/090_operators.sql, _operator_details).
-	cfg.RuntimeParams["stepready.actor"] = "cli"
+	store.UsePoolerQueryMode(cfg)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the database: %w", err)
@@ -88,6 +93,20 @@ func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format 
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	return dbError(f(conn, format))
+}
+
+// cliActor is the actor of the CLI's operator events (details.actor).
+const cliActor = "cli"
+
+// operatorTx runs f in a transaction that names the CLI as the actor of its operator events (store.NameActor:
+// a setting of the transaction, not of the session, so that it works through a transaction pooler).
+func operatorTx(ctx context.Context, conn *pgx.Conn, f func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+		if err := store.NameActor(ctx, tx, cliActor); err != nil {
+			return err
+		}
+		return f(tx)
+	})
 }
 
 // dbNow returns --as-of, or the database's current time when it is not set. Every time printed is relative to

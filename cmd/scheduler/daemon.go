@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/steps"
 	"github.com/stepready/stepready/steps/builtin"
 )
@@ -231,10 +232,11 @@ func daemonPoolSize(concurrency int) int32 {
 	return int32(min(concurrency, 10_000)) + poolHeadroom
 }
 
-// openPool opens and checks the pool of a daemon (see daemonPoolSize), failing at once when the database does
-// not answer. `scheduler demo` uses it; `scheduler run` waits for the database instead (waitForDatabase).
-func openPool(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
-	pool, err := newPool(ctx, url, daemonPoolSize(concurrency))
+// openPool opens and checks the pool of a daemon (see daemonPoolSize and newPool), failing at once when the
+// database does not answer. `scheduler demo` uses it; `scheduler run` waits for the database instead
+// (waitForDatabase).
+func openPool(ctx context.Context, url string, concurrency int, pooler bool) (*pgxpool.Pool, error) {
+	pool, err := newPool(ctx, url, daemonPoolSize(concurrency), pooler)
 	if err != nil {
 		return nil, err
 	}
@@ -258,6 +260,10 @@ func startClient(ctx context.Context, pool *pgxpool.Pool, d *daemonFlags, allowE
 		cfg, err := pgxpool.ParseConfig(d.sqlDatabaseURL)
 		if err != nil {
 			return nil, usagef("--sql-database-url: %w", err)
+		}
+		if d.pollOnly {
+			// Step SQL may go through the same pooler as the daemon: one statement per step, no named one.
+			store.UsePoolerQueryMode(cfg.ConnConfig)
 		}
 		if sqlPool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 			return nil, fmt.Errorf("open the sql handler's pool: %w", err)

@@ -141,7 +141,7 @@ func newTaskOperatorCommands(o *dbOptions) []*cobra.Command {
 
 func runTaskOperation(ctx context.Context, conn *pgx.Conn, op taskOperation, id int64) (*taskChange, error) {
 	ch := &taskChange{TaskID: id, Action: op.action}
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	err := operatorTx(ctx, conn, func(tx pgx.Tx) error {
 		const read = `SELECT status, paused FROM stepready.tasks WHERE id = $1`
 		if err := tx.QueryRow(ctx, read, id).Scan(&ch.PreviousStatus, &ch.PreviousPaused); err != nil {
 			if err == pgx.ErrNoRows {
@@ -286,7 +286,7 @@ func runStepOperation(ctx context.Context, conn *pgx.Conn, action string, id int
 	call func(context.Context, pgx.Tx) error,
 ) (*stepChange, error) {
 	ch := &stepChange{StepID: id, Action: action}
-	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
+	err := operatorTx(ctx, conn, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `SELECT state, next_attempt_at, max_attempts FROM stepready.steps WHERE id = $1`, id).
 			Scan(&ch.PreviousState, &ch.PreviousNextAttemptAt, &ch.PreviousMaxAttempts)
 		if err == pgx.ErrNoRows {

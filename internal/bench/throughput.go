@@ -238,8 +238,9 @@ func throughput(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	direct, viaRiver, riverAlone, raw := m[0], m[1], m[2], m[3]
 	fig := fmt.Sprintf("%d independent no-op steps", n)
 	row := func(name string, v float64, base string, bv float64, target float64) Row {
-		return Row{Scenario: "2 throughput", Figure: name + ", " + fig, Value: v, Unit: "steps/s", Baseline: base,
-			BaseVal: bv, Ratio: v / bv, Target: fmt.Sprintf("ratio >= %.1f", target), Met: boolp(v/bv >= target)}
+		return Row{Scenario: "2 throughput", Figure: name + env.Options.label() + ", " + fig, Value: v, Unit: "steps/s",
+			Baseline: base,
+			BaseVal:  bv, Ratio: v / bv, Target: fmt.Sprintf("ratio >= %.1f", target), Met: boolp(v/bv >= target)}
 	}
 	return []Row{
 		row("(a) direct dispatch", direct, "(c) River alone", riverAlone, 1.0),
