@@ -61,7 +61,7 @@ func (o *dbOptions) format() (string, error) {
 
 // connect opens one connection to the database named by --database-url (or the environment). It works through
 // a transaction pooler such as PgBouncer: it sends no startup parameter of its own (PgBouncer refuses unknown
-// ones; the actor of operator events is set in their transaction, operatorTx) and prepares no named statement
+// ones; the actor of operator events is set in their transaction by the library's operator actions) and prepares no named statement
 // (store.UsePoolerQueryMode, unless the URL names default_query_exec_mode): a command runs each statement
 // once or twice, so caching them would only cost a round trip.
 func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -93,20 +93,6 @@ func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format 
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
 	return dbError(f(conn, format))
-}
-
-// cliActor is the actor of the CLI's operator events (details.actor).
-const cliActor = "cli"
-
-// operatorTx runs f in a transaction that names the CLI as the actor of its operator events (store.NameActor:
-// a setting of the transaction, not of the session, so that it works through a transaction pooler).
-func operatorTx(ctx context.Context, conn *pgx.Conn, f func(pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := store.NameActor(ctx, tx, cliActor); err != nil {
-			return err
-		}
-		return f(tx)
-	})
 }
 
 // dbNow returns --as-of, or the database's current time when it is not set. Every time printed is relative to

@@ -10,9 +10,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/stepready/stepready"
 	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
@@ -301,10 +301,7 @@ func TestCLIConnectionKeepsNothingInTheSession(t *testing.T) {
 	require.NoError(t, err)
 	defer func() { require.NoError(t, conn.Close(ctx)) }()
 	require.NotContains(t, conn.Config().RuntimeParams, "stepready.actor", "no custom startup parameter")
-	_, err = runStepOperation(ctx, conn, "retry", step, func(ctx context.Context, tx pgx.Tx) error {
-		_, err := tx.Exec(ctx, `SELECT stepready.retry_step_now($1)`, step)
-		return err
-	})
+	_, err = stepready.RetryStepNow(ctx, conn, step, cliActor)
 	require.NoError(t, err)
 
 	var actor string
