@@ -91,11 +91,16 @@ BEGIN
         PERFORM stepready._definition_error(p_where || ': limit', 'is required');
     END IF;
     IF p_kind = 'rate_limit'
-       AND stepready._json_integer(p_value -> 'period_ms', p_where || ': period_ms', 1) IS NULL THEN
+       AND stepready._json_duration_ms(p_value -> 'period_ms', p_where || ': period_ms', 1) IS NULL THEN
         PERFORM stepready._definition_error(p_where || ': period_ms', 'is required');
     END IF;
+    -- The key as it will be stored (sql/015_bounds.sql): substituted when the context and input are known, else
+    -- checked as written when it has no placeholder.
     IF p_context IS NOT NULL THEN
-        PERFORM stepready._flow_resolve_key(p_value ->> 'key', p_context, p_input, p_where || ': key');
+        PERFORM stepready._bound_check(stepready._name_problem(
+            stepready._flow_resolve_key(p_value ->> 'key', p_context, p_input, p_where || ': key')), p_where, 'key');
+    ELSIF strpos(p_value ->> 'key', '${') = 0 THEN
+        PERFORM stepready._bound_check(stepready._name_problem(p_value ->> 'key'), p_where, 'key');
     END IF;
 END;
 $$;
@@ -130,6 +135,11 @@ BEGIN
         PERFORM stepready._definition_error(p_where,
             format('rate_period_ms must be >= 1, got %s', s.rate_period_ms));
     END IF;
+    -- Bounds of sql/015_bounds.sql: a key is a B-tree entry of flow_state and of steps_in_flight_key_idx, and a
+    -- period beyond a Go duration overflows the token bucket's arithmetic at every claim of the key.
+    PERFORM stepready._bound_check(stepready._name_problem(s.concurrency_key), p_where, 'concurrency_key');
+    PERFORM stepready._bound_check(stepready._name_problem(s.rate_key), p_where, 'rate_key');
+    PERFORM stepready._bound_check(stepready._duration_problem(s.rate_period_ms, 1), p_where, 'rate_period_ms');
 END;
 $$;
 
@@ -323,6 +333,10 @@ BEGIN
         RAISE EXCEPTION 'flow key "%": rate limit and period must be >= 1, got % per % ms', p_key, p_rate_limit,
             p_rate_period_ms USING ERRCODE = '22023';
     END IF;
+    -- The bounds of sql/015_bounds.sql, also CHECK constraints of flow_limits (plain INSERTs).
+    PERFORM stepready._bound_check(stepready._name_problem(p_key), 'flow_limits', 'key');
+    PERFORM stepready._bound_check(stepready._duration_problem(p_rate_period_ms, 1), format('flow key "%s"', p_key),
+                                   'period');
     INSERT INTO stepready.flow_limits AS l (key, concurrency_limit, rate_limit, rate_period_ms)
     VALUES (p_key, p_concurrency_limit, p_rate_limit, p_rate_period_ms)
     ON CONFLICT (key) DO UPDATE
