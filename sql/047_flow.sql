@@ -155,8 +155,11 @@ CREATE OR REPLACE FUNCTION stepready._flow_tokens(p_tat timestamptz, p_limit int
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 DECLARE
-    v_t   numeric := p_period_ms * 1000.0 / p_limit;        -- emission interval, µs
-    v_tol numeric := p_period_ms * 1000.0 - v_t;            -- tolerance, µs
+    -- The period and limit are within the bounds the tables hold (sql/015_bounds.sql); they are clamped to them
+    -- here as well, so that a row written around the constraints cannot make every claim's arithmetic overflow.
+    v_per numeric := LEAST(p_period_ms, 9223372036854) * 1000.0;
+    v_t   numeric := v_per / GREATEST(p_limit, 1);          -- emission interval, µs
+    v_tol numeric := v_per - v_t;                           -- tolerance, µs
     v_now numeric := extract(epoch FROM p_as_of) * 1000000;
     v_tat numeric := GREATEST(COALESCE(extract(epoch FROM p_tat) * 1000000, v_now), v_now);
 BEGIN
@@ -178,8 +181,8 @@ RETURNS timestamptz
 LANGUAGE sql IMMUTABLE
 AS $$
     SELECT CASE WHEN n.at > p_as_of THEN n.at END
-      FROM (SELECT p_tat - round(p_period_ms * 1000.0 - p_period_ms * 1000.0 / p_limit) * interval '1 microsecond'
-                   AS at) n;
+      FROM (SELECT p_tat - round(p.per - p.per / GREATEST(p_limit, 1)) * interval '1 microsecond' AS at
+              FROM (SELECT LEAST(p_period_ms, 9223372036854) * 1000.0 AS per) p) n; -- clamped as in _flow_tokens
 $$;
 
 -- Tokens left in a rate key's bucket at p_as_of (fractional: the refill is continuous).
@@ -189,7 +192,8 @@ RETURNS float8
 LANGUAGE sql IMMUTABLE
 AS $$
     SELECT CASE WHEN p_tat IS NULL OR p_tat <= p_as_of THEN p_limit::float8
-                ELSE GREATEST(0, p_limit - extract(epoch FROM p_tat - p_as_of) * 1000 * p_limit / p_period_ms)
+                ELSE GREATEST(0, p_limit - extract(epoch FROM p_tat - p_as_of) * 1000 * p_limit
+                                           / LEAST(GREATEST(p_period_ms, 1), 9223372036854))
            END;
 $$;
 
