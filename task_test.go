@@ -129,7 +129,7 @@ func TestCreateTaskRefusesValuesBeyondTheBounds(t *testing.T) {
 	db := pgtest.New(t)
 	ctx := context.Background()
 	for def, want := range map[string]string{
-		`{"name": "t", "steps": [{"name": "a", "handler": "noop", "queue": "Emails"}]}`:   `steps[0] "a": queue: must be a River queue name`,
+		`{"name": "t", "steps": [{"name": "a", "handler": "noop", "queue": "Emails"}]}`:  `steps[0] "a": queue: must be a River queue name`,
 		`{"name": "t", "steps": [{"name": "a", "handler": "noop", "timeout_ms": 1e16}]}`: `steps[0] "a": timeout_ms: must be at most 9223372036854 ms`,
 	} {
 		_, err := stepready.CreateTask(ctx, db.Pool, json.RawMessage(def))
