@@ -140,7 +140,7 @@ func (r *River) Dispatch(ctx context.Context, limit int) (int, store.NextDue, er
 	begin := time.Now()
 	n, due, err := r.dispatch(ctx, limit, false)
 	if _, refused := errors.AsType[*batchInsertError](err); refused {
-		r.cfg.Logger.Warn("readiness: River refused a batch of jobs; claiming again with one job at a time",
+		r.logger().Warn("readiness: River refused a batch of jobs; claiming again with one job at a time",
 			slog.Any("error", err))
 		n, due, err = r.dispatch(ctx, limit, true)
 	}

@@ -67,7 +67,7 @@ func (r *River) insertEach(ctx context.Context, tx pgx.Tx, jobs []store.ClaimedS
 		if rbErr := sp.Rollback(ctx); rbErr != nil || !refusedForItsValues(err) {
 			return nil, nil, fmt.Errorf("readiness: insert the river job of step %d: %w", c.StepID, err)
 		}
-		r.cfg.Logger.Warn("readiness: River refused the job of one step; the step fails",
+		r.logger().Warn("readiness: River refused the job of one step; the step fails",
 			slog.Int64("step_id", c.StepID), slog.Int64("task_id", c.TaskID), slog.Any("error", err))
 		if err := r.cfg.Executor.FailUndispatchable(ctx, tx, c, fmt.Errorf("River refused its job: %w", err)); err != nil {
 			return nil, nil, err
@@ -88,4 +88,12 @@ func refusedForItsValues(err error) bool {
 			strings.HasPrefix(pgErr.Code, "54")
 	}
 	return !pgconn.SafeToRetry(err) && !pgconn.Timeout(err)
+}
+
+// logger is the configured logger, or one that discards.
+func (r *River) logger() *slog.Logger {
+	if r.cfg.Logger == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return r.cfg.Logger
 }

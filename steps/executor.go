@@ -222,23 +222,22 @@ func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Ste
 	return true
 }
 
-// refusedOrUnrecorded handles the error of an outcome queued in the Recorder (in its goroutine, which must not
-// wait): an outcome the database refused for its content is recorded as a contract_failure (refused), in a
-// goroutine of its own, before finished is called; any other error is logged and finished called at once.
+// refusedOrUnrecorded handles the error of an outcome queued in the Recorder, in its goroutine: an outcome the
+// database refused for its content is recorded as a contract_failure (refused) before finished is called, any other
+// error is logged. The refusal is recorded right there, holding up the recorder's next batch by one round trip: it
+// is rare, and done there it is finished before the recorder stops (Stop waits for it), so nothing outlives
+// shutdown.
 func (e *Executor) refusedOrUnrecorded(ctx context.Context, log *slog.Logger, step *Step, err error, finished func()) {
+	defer finished()
 	if !refusedForContent(err) {
 		logUnrecorded(log, err)
-		finished()
 		return
 	}
-	go func() {
-		defer finished()
-		ctx, cancel := context.WithTimeout(ctx, recordTimeout)
-		defer cancel()
-		if err := retryDB(ctx, func() error { return e.refused(ctx, log, step, err) }); err != nil {
-			logUnrecorded(log, err)
-		}
-	}()
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	if err := retryDB(ctx, func() error { return e.refused(ctx, log, step, err) }); err != nil {
+		logUnrecorded(log, err)
+	}
 }
 
 func logUnrecorded(log *slog.Logger, err error) {
