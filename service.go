@@ -26,8 +26,13 @@ type service struct {
 // ErrAlreadyStarted is returned by Start on a client that was started before.
 var ErrAlreadyStarted = errors.New("stepready: client already started")
 
-// Start starts claiming and working steps. It returns once everything runs; work continues until Stop. The
-// context is only used for starting (River's client startup); cancel it to abort a slow start.
+// Start starts claiming and working steps. It returns once everything runs; work continues until Stop.
+//
+// ctx bounds the start only (River's client startup): cancelling it while Start runs aborts the start;
+// cancelling it afterwards changes nothing, in either dispatch mode: the client goes on claiming, and running
+// attempts are not cancelled. So a program may pass its signal context (signal.NotifyContext) here and call Stop
+// when that context ends: Stop then lets running attempts finish within Config.ShutdownGrace before it cancels
+// and releases the rest.
 func (c *Client) Start(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()

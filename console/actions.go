@@ -12,10 +12,14 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"net/url"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // Actions (SPEC §16): task cancel, pause, resume and reset, step retry and resolve, each through the SQL operator
@@ -127,12 +131,36 @@ func takeFlash(w http.ResponseWriter, r *http.Request) *flash {
 	return &f
 }
 
-// localPath is p when it is a path of this console ("/…", not "//…"), else "/".
+// localPath is p when it is a path of this console, else "/": the sign-in form's next= must never send the browser
+// elsewhere (an open redirect). A path qualifies when it starts with exactly one "/", parses with no scheme, host
+// or user, and holds no backslash, control character or invalid UTF-8, neither as given nor percent-decoded:
+// browsers drop tabs and newlines from a Location and read "\" as "/", so "/\t/evil.example" or "/\\evil" would
+// become "//evil.example", another origin.
 func localPath(p string) string {
-	if strings.HasPrefix(p, "/") && !strings.HasPrefix(p, "//") && !strings.HasPrefix(p, "/\\") {
-		return p
+	if !strings.HasPrefix(p, "/") || strings.HasPrefix(p, "//") || !redirectSafe(p) {
+		return "/"
 	}
-	return "/"
+	u, err := url.Parse(p)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" {
+		return "/"
+	}
+	if !strings.HasPrefix(u.Path, "/") || strings.HasPrefix(u.Path, "//") || !redirectSafe(u.Path) {
+		return "/"
+	}
+	return p
+}
+
+// redirectSafe reports whether s holds no backslash, no control character (C0, DEL, C1) and only valid UTF-8.
+func redirectSafe(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r == '\\' || r < 0x20 || (r >= 0x7f && r <= 0x9f) {
+			return false
+		}
+	}
+	return true
 }
 
 type loginData struct {
@@ -225,6 +253,17 @@ func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
 	if !c.authorized(w, r) {
 		return
 	}
+	// The step must be the task's: the operator functions take the step's id alone, so without this check
+	// /tasks/1/steps/2/resolve would act on step 2 whatever its task.
+	var owner int64
+	switch err := c.pool.QueryRow(r.Context(), readmodel.Query("step_task"), stepID).Scan(&owner); {
+	case errors.Is(err, pgx.ErrNoRows) || (err == nil && owner != taskID):
+		http.Error(w, fmt.Sprintf("task %d has no step %d", taskID, stepID), http.StatusNotFound)
+		return
+	case err != nil:
+		c.fail(w, "step", err)
+		return
+	}
 	back := fmt.Sprintf("/tasks/%d/steps/%d", taskID, stepID)
 	args := []any{stepID}
 	if r.PathValue("action") == "resolve" {
@@ -255,7 +294,11 @@ func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done, 
 		c.log.Info("console: action", "what", done)
 		setFlash(w, flash{Message: done})
 	case errors.As(err, &pgErr) && refusal(pgErr.Code):
-		setFlash(w, flash{Error: true, Message: "refused: " + pgErr.Message})
+		msg := pgErr.Message
+		if pgErr.Detail != "" {
+			msg += " (" + pgErr.Detail + ")"
+		}
+		setFlash(w, flash{Error: true, Message: "refused: " + msg})
 		if pgErr.Code == "P0002" {
 			back = "/" // the task or step is gone: its page would be a 404
 		}
@@ -269,12 +312,14 @@ func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done, 
 	http.Redirect(w, r, back, http.StatusSeeOther)
 }
 
-// refusal says whether a SQLSTATE is the operator functions' way of saying no: an impossible transition
-// (55000), an unknown task or step (P0002), a bad argument (22023, 22P02) or a check (23514).
+// refusal says whether a SQLSTATE is the database saying no to what was asked, whose message the operator should
+// read: an impossible transition (55000), an unknown task or step (P0002), a check (23514), or any data exception
+// (class 22: a bad argument, 22023 and 22P02, or a value PostgreSQL cannot store, such as a resolve output holding
+// \u0000, 22P05, or a number out of range, 22003).
 func refusal(code string) bool {
 	switch code {
-	case "55000", "P0002", "22023", "22P02", "23514":
+	case "55000", "P0002", "23514":
 		return true
 	}
-	return false
+	return strings.HasPrefix(code, "22")
 }

@@ -17,9 +17,14 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net/http"
+	"net/url"
+	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -160,7 +165,27 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if bearer, session := c.auth.who(r); bearer && !session {
 		c.auth.setSession(w, r) // a browser that sent the token as a header browses on with the cookie
 	}
+	if err := checkQuery(r.URL.Query()); err != nil {
+		http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
+		return
+	}
 	c.mux.ServeHTTP(w, r)
+}
+
+// checkQuery refuses query parameters that no page can use and PostgreSQL cannot hold in a text value (a filter
+// with NUL or invalid UTF-8 would otherwise reach a query and fail it: an internal error instead of an answer).
+func checkQuery(q url.Values) error {
+	for _, k := range slices.Sorted(maps.Keys(q)) {
+		for _, v := range append([]string{k}, q[k]...) {
+			switch {
+			case !utf8.ValidString(v):
+				return fmt.Errorf("query parameter %q is not valid UTF-8", k)
+			case strings.ContainsRune(v, 0):
+				return fmt.Errorf("query parameter %q holds a NUL character", k)
+			}
+		}
+	}
+	return nil
 }
 
 func (c *Console) healthz(w http.ResponseWriter, r *http.Request) {

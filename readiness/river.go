@@ -70,6 +70,8 @@ type River struct {
 	cfg    RiverConfig
 	client *river.Client[pgx.Tx]
 	freed  chan struct{}
+	// cancelRun ends the context the River client runs on (see Start), once Shutdown has stopped it.
+	cancelRun context.CancelFunc
 
 	mu      sync.Mutex
 	running map[int64]context.CancelCauseFunc // River job id → cancel of the attempt
@@ -108,8 +110,35 @@ func NewRiver(cfg RiverConfig) (*River, error) {
 	return r, nil
 }
 
-// Start starts the River client (its workers).
-func (r *River) Start(ctx context.Context) error { return r.client.Start(ctx) }
+// riverAbortTimeout bounds the wait for River to stop after a start that ctx cancelled.
+const riverAbortTimeout = time.Minute
+
+// Start starts the River client (its workers). ctx bounds the start only: cancelling it while Start runs aborts
+// the start, cancelling it later changes nothing. River derives every job's context from the context its client
+// starts with, and cancelling that context is River's hard stop (StopAndCancel): started with a caller's context
+// (the daemon's signal context), the first SIGTERM would cancel every running attempt before Shutdown's grace
+// began. So the client runs on a context of its own, and only Shutdown stops it.
+func (r *River) Start(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	runCtx, cancelRun := context.WithCancel(context.WithoutCancel(ctx))
+	detach := context.AfterFunc(ctx, cancelRun)
+	err := r.client.Start(runCtx)
+	if !detach() {
+		// ctx ended while River started: the start is aborted (River stops on its cancelled context).
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), riverAbortTimeout)
+		defer cancel()
+		_ = r.client.StopAndCancel(stopCtx)
+		return errors.Join(fmt.Errorf("readiness: river start aborted: %w", context.Cause(ctx)), err)
+	}
+	if err != nil {
+		cancelRun()
+		return err
+	}
+	r.cancelRun = cancelRun
+	return nil
+}
 
 // Free implements Dispatcher: concurrency minus the attempts running here and the stepready jobs still waiting
 // in this process's queues.
@@ -193,9 +222,15 @@ func (r *River) dispatch(ctx context.Context, limit int, oneByOne bool) (int, st
 	return n, due, nil
 }
 
-// Shutdown stops River's fetching and lets running attempts finish until ctx is done; then it cancels them
-// (they are released uncharged) and waits for River to stop.
+// Shutdown stops River's fetching and lets running attempts finish until ctx is done (River's Stop waits for
+// the jobs it fetched); then it cancels the attempts still running (they are released uncharged) and waits for
+// River to stop (StopAndCancel).
 func (r *River) Shutdown(ctx context.Context) error {
+	defer func() {
+		if r.cancelRun != nil {
+			r.cancelRun()
+		}
+	}()
 	err := r.client.Stop(ctx)
 	if err == nil {
 		return nil

@@ -143,19 +143,18 @@ func (d *daemonFlags) config(reg *steps.Registry, logger *slog.Logger, metrics p
 // and River's own work.
 const poolHeadroom = 5
 
-// openPool opens and checks the pool of the daemon. Unless the URL sets pool_max_conns, the pool gets one
-// connection per concurrent attempt plus headroom, so that workers do not queue for connections.
+// daemonPoolSize is the pool size of a daemon running concurrency attempts at once: one connection per attempt,
+// so that workers do not queue for connections, plus headroom.
+func daemonPoolSize(concurrency int) int32 {
+	return int32(min(concurrency, 10_000)) + poolHeadroom
+}
+
+// openPool opens and checks the pool of a daemon (see daemonPoolSize), failing at once when the database does
+// not answer. `scheduler demo` uses it; `scheduler run` waits for the database instead (waitForDatabase).
 func openPool(ctx context.Context, url string, concurrency int) (*pgxpool.Pool, error) {
-	cfg, err := pgxpool.ParseConfig(url)
+	pool, err := newPool(ctx, url, daemonPoolSize(concurrency))
 	if err != nil {
-		return nil, usagef("--database-url: %w", err)
-	}
-	if !strings.Contains(url, "pool_max_conns") {
-		cfg.MaxConns = max(cfg.MaxConns, int32(min(concurrency, 10_000))+poolHeadroom)
-	}
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	if err != nil {
-		return nil, fmt.Errorf("open the database pool: %w", err)
+		return nil, err
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net/url"
@@ -95,7 +96,8 @@ func (o *globalOptions) runDemo(ctx context.Context, p *demoParams, logger *slog
 			err = errors.New("demo: interrupted")
 		}
 	}()
-	out := o.stdout
+	// The live account prints task and step names, errors and outputs: no terminal control sequence gets through.
+	var out io.Writer = termWriter{w: o.stdout}
 
 	var templateFS fs.FS = examples.FS
 	if p.examplesDir != "" {

@@ -56,6 +56,7 @@ func (b *envBundle) execute(args ...string) error {
 func runDefaults() runParams {
 	return runParams{
 		databaseURL: "postgres://db",
+		waitForDB:   waitForever,
 		daemon: daemonFlags{
 			dispatch:          stepready.DispatchRiver,
 			concurrency:       stepready.ConcurrencyDefault,
@@ -94,11 +95,13 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		"STEPREADY_ALLOW_EXEC":         "1",
 		"STEPREADY_LOG_FORMAT":         "json",
 		"STEPREADY_LOG_LEVEL":          "debug",
+		"STEPREADY_WAIT_FOR_DB":        "90s",
 	}
 	fromEveryVariable := runParams{
 		databaseURL: "postgres://from-env",
 		metricsAddr: "127.0.0.1:9999",
 		allowExec:   true,
+		waitForDB:   waitBound{d: 90 * time.Second},
 		daemon: daemonFlags{dispatch: "direct", concurrency: 7, lease: 45 * time.Second, reapInterval: 3 * time.Second,
 			pollInterval: 250 * time.Millisecond, shutdownGrace: 0, workerID: "worker-env", pollOnly: true,
 			retentionComplete: 24 * time.Hour, retentionFailed: 0, pruneInterval: 5 * time.Minute,
@@ -122,9 +125,10 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 				"--worker-id", "worker-flag", "--metrics-addr", ":9090", "--poll-only=false", "--allow-exec=false",
 				"--log-format", "text", "--log-level", "warn", "--retention-complete", "1h", "--retention-failed", "2h",
 				"--prune-interval", "10s", "--http-deny-private=false", "--http-allow-hosts", "a.example",
-				"--max-output-bytes", "4096"},
+				"--max-output-bytes", "4096", "--wait-for-db", "0"},
 			want: func(p *runParams) {
 				p.metricsAddr = ":9090"
+				p.waitForDB = waitBound{}
 				p.daemon = daemonFlags{dispatch: "river", concurrency: 3, lease: time.Minute,
 					reapInterval: 20 * time.Second, pollInterval: 2 * time.Second, shutdownGrace: 4 * time.Second,
 					workerID: "worker-flag", retentionComplete: time.Hour, retentionFailed: 2 * time.Hour,
@@ -132,6 +136,9 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 			}, logLevel: "warn", logFormat: "text"},
 		{name: "STEPREADY_DATABASE_URL beats DATABASE_URL",
 			env:  map[string]string{"STEPREADY_DATABASE_URL": "postgres://db", "DATABASE_URL": "postgres://other"},
+			want: func(*runParams) {}, logLevel: "info", logFormat: "text"},
+		{name: "wait for the database forever", env: map[string]string{"DATABASE_URL": "postgres://db",
+			"STEPREADY_WAIT_FOR_DB": "1m"}, args: []string{"--wait-for-db", "forever"},
 			want: func(*runParams) {}, logLevel: "info", logFormat: "text"},
 		{name: "empty variables are unset",
 			env: map[string]string{"STEPREADY_DATABASE_URL": " ", "DATABASE_URL": "postgres://db",
@@ -180,6 +187,9 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 		{name: "log format", args: []string{"--log-format", "xml"}, want: `--log-format "xml": want text or json`},
 		{name: "log level", args: []string{"--log-level", "loud"}, want: `--log-level "loud"`},
 		{name: "not a number", args: []string{"--concurrency", "many"}, want: `invalid argument "many" for "--concurrency"`},
+		{name: "wait for db", args: []string{"--wait-for-db", "soon"},
+			want: `invalid argument "soon" for "--wait-for-db" flag: want a duration (30s, 5m; 0 fails at once) or forever`},
+		{name: "negative wait for db", args: []string{"--wait-for-db=-1s"}, want: "-1s: must be 0 or more (or forever)"},
 		{name: "unknown flag", args: []string{"--colour"}, want: "unknown flag: --colour"},
 		{name: "argument", args: []string{"now"}, want: `unknown command "now"`},
 		{name: "bad environment value", env: map[string]string{"STEPREADY_LEASE": "soon"},
@@ -208,7 +218,7 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 var runFlags = []string{"allow-exec", "concurrency", "database-url", "dispatch", "lease", "metrics-addr",
 	"poll-interval", "poll-only", "prune-interval", "reap-interval", "retention-complete", "retention-failed",
 	"shutdown-grace", "worker-id", "http-deny-private", "http-allow-hosts", "max-output-bytes", "sql-database-url",
-	"ui-addr", "ui-allow-actions", "ui-token"}
+	"ui-addr", "ui-allow-actions", "ui-token", "wait-for-db"}
 
 func TestRunHasExactlyTheDocumentedFlags(t *testing.T) {
 	t.Parallel()

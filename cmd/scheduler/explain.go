@@ -190,14 +190,14 @@ func (r *explainReport) writeTable(cmd *cobra.Command) error {
 	for _, s := range r.Steps {
 		attempt := fmt.Sprintf("%d/%s", s.Attempts, orDash(s.MaxAttempts))
 		if s.Ready {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", s.StepID, s.Name, s.State, attempt, "ready")
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", s.StepID, termSafe(s.Name), s.State, attempt, "ready")
 			continue
 		}
 		for i, e := range s.Reasons {
 			if i == 0 {
-				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", s.StepID, s.Name, s.State, attempt, e.Message)
+				fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", s.StepID, termSafe(s.Name), s.State, attempt, termSafe(e.Message))
 			} else {
-				fmt.Fprintf(tw, "\t\t\t\t%s\n", e.Message)
+				fmt.Fprintf(tw, "\t\t\t\t%s\n", termSafe(e.Message))
 			}
 		}
 	}

@@ -74,8 +74,8 @@ func newFlowListCommand(o *dbOptions) *cobra.Command {
 					if blocked == "" {
 						blocked = "-"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", k.Key, conc, k.InFlight, rate, tokens,
-						next, k.Waiting, blocked, override)
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", termSafe(k.Key), conc, k.InFlight, rate, tokens,
+						next, k.Waiting, termSafe(blocked), override)
 				}
 				return tw.Flush()
 			})
@@ -132,9 +132,9 @@ func newFlowSetCommand(o *dbOptions) *cobra.Command {
 						return writeJSON(cmd.OutOrStdout(), map[string]any{"key": key, "cleared": had})
 					}
 					if had {
-						fmt.Fprintf(cmd.OutOrStdout(), "flow key %s: override cleared\n", key)
+						fmt.Fprintf(cmd.OutOrStdout(), "flow key %s: override cleared\n", termSafe(key))
 					} else {
-						fmt.Fprintf(cmd.OutOrStdout(), "flow key %s had no override\n", key)
+						fmt.Fprintf(cmd.OutOrStdout(), "flow key %s had no override\n", termSafe(key))
 					}
 					return nil
 				}
@@ -145,7 +145,7 @@ func newFlowSetCommand(o *dbOptions) *cobra.Command {
 					return writeJSON(cmd.OutOrStdout(), map[string]any{"key": key, "concurrency_limit": l.Concurrency,
 						"rate_limit": l.Rate, "rate_period_ms": msOrNil(l.Period)})
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "flow key %s: override set (applies from the next claim)\n", key)
+				fmt.Fprintf(cmd.OutOrStdout(), "flow key %s: override set (applies from the next claim)\n", termSafe(key))
 				return nil
 			})
 		},

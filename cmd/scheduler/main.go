@@ -28,7 +28,8 @@ func main() {
 	err := newRootCommand(os.Stdout, os.Stderr).ExecuteContext(ctx)
 	stop()
 	if err != nil {
-		fmt.Fprintf(os.Stderr, "scheduler: %v\n", err)
+		// An error may quote client-supplied text (a task name in the database's message).
+		fmt.Fprintf(os.Stderr, "scheduler: %s\n", escapeTerm(err.Error(), "\n\t"))
 		os.Exit(exitCode(err))
 	}
 }
@@ -90,6 +91,10 @@ func newRootCommandWith(opts *globalOptions) *cobra.Command {
 		PersistentPreRunE: func(cmd *cobra.Command, _ []string) error {
 			if err := applyEnv(cmd, opts.lookupEnv); err != nil {
 				return usageError{err}
+			}
+			if !printsJSON(cmd) {
+				// Table and text output never carries a terminal control sequence (term.go).
+				cmd.SetOut(termWriter{w: opts.stdout})
 			}
 			return nil
 		},

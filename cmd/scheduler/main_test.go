@@ -11,7 +11,15 @@ import (
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
 
-func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(schedulerMainEnv) != "" {
+		// Re-executed by a test as a real `scheduler` process (process_test.go): its arguments are the command
+		// line.
+		main()
+		os.Exit(0)
+	}
+	os.Exit(pgtest.Main(m))
+}
 
 // execute runs the scheduler command line with args and returns what it wrote to stdout and stderr.
 func execute(t *testing.T, args ...string) (stdout, stderr string, err error) {

@@ -78,7 +78,7 @@ func newPolicyCommand(_ *globalOptions) *cobra.Command {
 					if p.MaxDelayMs == nil {
 						maxDelay = "uncapped"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, orDash(p.MaxAttempts), orDash(p.Retryable),
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", termSafe(p.Name), orDash(p.MaxAttempts), orDash(p.Retryable),
 						orDash(p.Backoff), orDash(p.BaseDelayMs), orDash(p.Multiplier), maxDelay, orDash(p.Jitter))
 				}
 				return tw.Flush()

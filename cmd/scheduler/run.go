@@ -28,7 +28,9 @@ type runParams struct {
 	uiAddr      string
 	uiActions   uiActionFlags
 	allowExec   bool
-	daemon      daemonFlags
+	// waitForDB bounds the wait for the database at start (--wait-for-db).
+	waitForDB waitBound
+	daemon    daemonFlags
 }
 
 // newRunCommand builds `scheduler run`, the daemon.
@@ -42,6 +44,8 @@ func newRunCommand(opts *globalOptions) *cobra.Command {
 			"its own worker pool, runs their handlers with the built-in handlers (noop, sleep, fail, http, sql, exec)\n" +
 			"and records every outcome in the database. At the first signal it stops claiming, lets running attempts\n" +
 			"finish for up to --shutdown-grace, then hands the rest back uncharged; a second signal exits at once.\n\n" +
+			"At start it waits for the database (--wait-for-db, default forever), trying again with backoff and\n" +
+			"logging each failure; meanwhile --metrics-addr and --ui-addr listen and /healthz answers 503.\n\n" +
 			"Every flag also reads the environment variable shown with it; a flag on the command line wins.",
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -76,11 +80,13 @@ func newRunCommand(opts *globalOptions) *cobra.Command {
 	p.uiActions.register(fs)
 	fs.BoolVar(&p.allowExec, "allow-exec", false,
 		"enable the exec handler: steps may run programs on this host as this user")
+	registerWaitFlag(fs, &p.waitForDB)
 	return cmd
 }
 
-// runDaemon runs the client until ctx ends (SIGINT/SIGTERM), then stops it gracefully. Teardown is ordered:
-// stop claiming, drain and release attempts (Client.Stop), close the pool, and the health server last.
+// runDaemon runs the client until ctx ends (SIGINT/SIGTERM), then stops it gracefully. At start, the HTTP
+// listeners come up first (answering 503 on /healthz), then it waits for the database (--wait-for-db). Teardown is
+// ordered: stop claiming, drain and release attempts (Client.Stop), close the pool, and the health server last.
 func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 	logger, err := o.logger()
 	if err != nil {
@@ -99,38 +105,57 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 		}
 		defer health.close()
 	}
-
-	pool, err := openPool(ctx, p.databaseURL, p.daemon.concurrency)
+	copts, err := p.uiActions.options(logger)
+	if err != nil {
+		return err
+	}
+	pool, err := newPool(ctx, p.databaseURL, daemonPoolSize(p.daemon.concurrency))
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	stopUI := func() error { return nil }
+	var ui *consoleServer
 	if p.uiAddr != "" {
-		var where string
-		copts, err := p.uiActions.options(logger)
-		if err != nil {
+		if ui, err = listenConsole(ctx, p.uiAddr, logger); err != nil {
 			return err
 		}
-		if stopUI, where, err = serveConsole(ctx, pool, p.uiAddr, copts); err != nil {
-			return err
-		}
-		logger.Info("scheduler: console listening", slog.String("url", where))
+		stopUI = ui.stop
+		logger.Info("scheduler: console listening", slog.String("url", ui.url))
 	}
 
+	if err := waitForDatabase(ctx, pool, p.waitForDB, logger); err != nil {
+		_ = stopUI()
+		if errors.Is(err, errStoppedWaiting) {
+			logger.Info("scheduler: " + err.Error())
+			return nil
+		}
+		return err
+	}
+	if ui != nil {
+		if err := ui.attach(pool, copts); err != nil {
+			_ = stopUI()
+			return err
+		}
+	}
+	health.setStatus(healthStarting)
 	client, err := startClient(ctx, pool, &p.daemon, p.allowExec, logger, registry)
 	if err != nil {
 		_ = stopUI()
+		if ctx.Err() != nil {
+			logger.Info("scheduler: stopped while starting", slog.Any("error", err))
+			return nil
+		}
 		return err
 	}
 	disarm := o.watchSignals()
 	defer disarm()
-	health.setRunning(true)
+	health.setStatus(healthRunning)
 	logger.Info("scheduler: running; SIGINT or SIGTERM stops it", slog.String("dispatch", client.Config().Dispatch),
 		slog.String("worker", client.Config().WorkerID))
 
 	<-ctx.Done()
-	health.setRunning(false)
+	health.setStatus(healthStopping)
 	if err := stopUI(); err != nil {
 		logger.Warn("scheduler: console stop", slog.Any("error", err))
 	}
@@ -146,13 +171,21 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 	return nil
 }
 
-// healthServer serves /metrics and /healthz. /healthz answers 200 while the client runs, 503 before and after.
-// Its methods are safe on a nil *healthServer (no --metrics-addr).
+// What /healthz of --metrics-addr answers: 200 "ok" while the client runs, 503 with the phase before and after.
+const (
+	healthRunning  = "ok"
+	healthStarting = "starting"
+	healthStopping = "stopping"
+)
+
+// healthServer serves /metrics and /healthz. /healthz answers 200 while the client runs, 503 with the phase
+// (waiting for the database, starting, stopping) before and after. Its methods are safe on a nil *healthServer
+// (no --metrics-addr).
 type healthServer struct {
-	srv     *http.Server
-	running atomic.Bool
-	served  chan struct{}
-	logger  *slog.Logger
+	srv    *http.Server
+	status atomic.Pointer[string]
+	served chan struct{}
+	logger *slog.Logger
 }
 
 // healthShutdownTimeout bounds the wait for in-flight scrapes when the server closes.
@@ -165,14 +198,15 @@ func startHealthServer(addr string, registry *prometheus.Registry, logger *slog.
 		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
 	}
 	h := &healthServer{served: make(chan struct{}), logger: logger}
+	h.setStatus(waitingForDatabase)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) {
-		if !h.running.Load() {
-			http.Error(w, "not running", http.StatusServiceUnavailable)
+		if status := *h.status.Load(); status != healthRunning {
+			http.Error(w, status, http.StatusServiceUnavailable)
 			return
 		}
-		_, _ = fmt.Fprintln(w, "ok")
+		_, _ = fmt.Fprintln(w, healthRunning)
 	})
 	h.srv = &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
 	go func() {
@@ -185,9 +219,10 @@ func startHealthServer(addr string, registry *prometheus.Registry, logger *slog.
 	return h, nil
 }
 
-func (h *healthServer) setRunning(running bool) {
+// setStatus sets what /healthz answers: healthRunning (200) or a phase (503).
+func (h *healthServer) setStatus(status string) {
 	if h != nil {
-		h.running.Store(running)
+		h.status.Store(&status)
 	}
 }
 

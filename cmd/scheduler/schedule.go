@@ -47,7 +47,7 @@ func newScheduleCommand(_ *globalOptions) *cobra.Command {
 					if format == outputJSON {
 						return writeJSON(cmd.OutOrStdout(), map[string]any{"name": args[0], op.verb: true})
 					}
-					fmt.Fprintf(cmd.OutOrStdout(), "schedule %s %s\n", args[0], op.verb)
+					fmt.Fprintf(cmd.OutOrStdout(), "schedule %s %s\n", termSafe(args[0]), op.verb)
 					return nil
 				})
 			},
@@ -106,13 +106,13 @@ func newScheduleCreateCommand(o *dbOptions) *cobra.Command {
 				}
 				if !known {
 					fmt.Fprintf(cmd.ErrOrStderr(), "warning: template %s does not exist (yet): each fire fails, "+
-						"reported by schedule list, until it does\n", d.Template)
+						"reported by schedule list, until it does\n", termSafe(d.Template))
 				}
 				if format == outputJSON {
 					return writeJSON(cmd.OutOrStdout(), s)
 				}
 				fmt.Fprintf(cmd.OutOrStdout(), "schedule %s created: template %s, cron %q (%s), next fire %s\n",
-					s.Name, s.Template, s.Cron, s.Timezone, fireTime(s.NextFireAt, s.Timezone))
+					termSafe(s.Name), termSafe(s.Template), s.Cron, termSafe(s.Timezone), fireTime(s.NextFireAt, s.Timezone))
 				return nil
 			})
 		},
@@ -177,8 +177,9 @@ func newScheduleListCommand(o *dbOptions) *cobra.Command {
 					if s.LastTaskID != nil {
 						last = fmt.Sprintf("%d (%s)", *s.LastTaskID, orDash(s.LastTaskStatus))
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", s.Name, s.Template, s.Cron, s.Timezone,
-						s.Overlap, state, next, last, s.SkippedCount, orDash(s.LastError))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", termSafe(s.Name), termSafe(s.Template),
+						termSafe(s.Cron), termSafe(s.Timezone), s.Overlap, state, next, last, s.SkippedCount,
+						termSafePtr(s.LastError))
 				}
 				return tw.Flush()
 			})

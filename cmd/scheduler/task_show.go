@@ -81,7 +81,7 @@ func newTaskListCommand(o *dbOptions) *cobra.Command {
 					if t.Paused {
 						st += " (paused)"
 					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", t.ID, t.Name, st, t.Steps, relative(t.CreatedAt, now),
+					fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", t.ID, termSafe(t.Name), st, t.Steps, relative(t.CreatedAt, now),
 						relative(t.UpdatedAt, now))
 				}
 				return tw.Flush()
@@ -240,7 +240,7 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 		paused = ", paused"
 	}
 	fmt.Fprintf(out, "task %d %q (%s%s): %s\n", t.ID, t.Name, t.Status, paused, t.ExecutionStatus)
-	fmt.Fprintf(out, "namespace %s · created %s · updated %s", t.Namespace, relative(t.CreatedAt, t.AsOf),
+	fmt.Fprintf(out, "namespace %s · created %s · updated %s", termSafe(t.Namespace), relative(t.CreatedAt, t.AsOf),
 		relative(t.UpdatedAt, t.AsOf))
 	if t.RunAt != nil && t.RunAt.After(t.AsOf) {
 		fmt.Fprintf(out, " · scheduled: starts at %s (%s)", t.RunAt.UTC().Format(time.RFC3339), relative(*t.RunAt, t.AsOf))
@@ -251,9 +251,9 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 	tw := newTable(out)
 	fmt.Fprintln(tw, "STEP\tID\tSTATE\tATTEMPT\tNEXT ATTEMPT\tREADY\tLAST ERROR")
 	for _, s := range t.StepList {
-		name := strings.Repeat("  ", s.depth) + s.Name
+		name := strings.Repeat("  ", s.depth) + termSafe(s.Name)
 		if len(s.Parents) > 1 {
-			name += " (after " + strings.Join(s.Parents, ", ") + ")"
+			name += " (after " + termSafe(strings.Join(s.Parents, ", ")) + ")"
 		}
 		next := "-"
 		if s.NextAttemptAt != nil && (s.State == "pending" || s.State == "waiting_for_retry") {
@@ -267,7 +267,7 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 		case slices.Contains(terminalStates, s.State):
 			ready = "-" // finished: readiness no longer applies
 		case s.FlowLimit != nil:
-			ready = *s.FlowLimit // names the key: "concurrency limited by tenant:7: 2 of 2 in flight"
+			ready = termSafe(*s.FlowLimit) // names the key: "concurrency limited by tenant:7: 2 of 2 in flight"
 		case !s.Ready:
 			ready = orDash(s.BlockedReason)
 		}
@@ -288,9 +288,9 @@ func lastError(doc json.RawMessage) string {
 	}
 	msg := strings.Join(strings.Fields(e.Message), " ")
 	if len(msg) > 80 {
-		msg = msg[:77] + "..."
+		msg = strings.ToValidUTF8(msg[:77], "") + "..."
 	}
-	return strings.TrimSuffix(e.Class+": "+msg, ": ")
+	return termSafe(strings.TrimSuffix(e.Class+": "+msg, ": "))
 }
 
 type eventRow struct {
@@ -357,8 +357,8 @@ func newTaskEventsCommand(o *dbOptions) *cobra.Command {
 					if details == "{}" || details == "" {
 						details = "-"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.atText, orDash(e.StepName), orDash(e.Attempt), e.Event,
-						change, details)
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.atText, termSafePtr(e.StepName), orDash(e.Attempt), e.Event,
+						change, termSafe(details))
 				}
 				return tw.Flush()
 			})

@@ -71,13 +71,14 @@ func newTemplateCommand(_ *globalOptions) *cobra.Command {
 					if r.Created {
 						verb = "created"
 					}
-					fmt.Fprintf(cmd.OutOrStdout(), "template %s version %d %s (%s)\n", r.Name, r.Version, verb, r.File)
+					fmt.Fprintf(cmd.OutOrStdout(), "template %s version %d %s (%s)\n", termSafe(r.Name), r.Version, verb,
+						termSafe(r.File))
 					for _, sr := range r.Schedules {
 						verb := "replaced"
 						if sr.Created {
 							verb = "created"
 						}
-						fmt.Fprintf(cmd.OutOrStdout(), "schedule %s %s (%s)\n", sr.Name, verb, r.File)
+						fmt.Fprintf(cmd.OutOrStdout(), "schedule %s %s (%s)\n", termSafe(sr.Name), verb, termSafe(r.File))
 					}
 				}
 				return nil
@@ -123,7 +124,7 @@ func newTemplateCommand(_ *globalOptions) *cobra.Command {
 					if r.Newest {
 						newest = "yes"
 					}
-					fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", r.Name, r.Version, r.Steps, newest)
+					fmt.Fprintf(tw, "%s\t%d\t%d\t%s\n", termSafe(r.Name), r.Version, r.Steps, newest)
 				}
 				return tw.Flush()
 			})
@@ -343,9 +344,9 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 					fmt.Fprintf(out, "task %d created (%d steps), scheduled to start at %s\n", res.TaskID, res.Steps,
 						res.RunAt.UTC().Format(time.RFC3339))
 				case template != nil:
-					fmt.Fprintf(out, "task %d created from template %s (%d steps)\n", res.TaskID, *template, res.Steps)
+					fmt.Fprintf(out, "task %d created from template %s (%d steps)\n", res.TaskID, termSafe(*template), res.Steps)
 				default:
-					fmt.Fprintf(out, "task %d created from %s (%d steps)\n", res.TaskID, file, res.Steps)
+					fmt.Fprintf(out, "task %d created from %s (%d steps)\n", res.TaskID, termSafe(file), res.Steps)
 				}
 				return nil
 			})

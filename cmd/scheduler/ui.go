@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -43,6 +44,7 @@ func (f *uiActionFlags) options(logger *slog.Logger) (console.Options, error) {
 func newUICommand(opts *globalOptions) *cobra.Command {
 	var dbURL, addr string
 	var actions uiActionFlags
+	var wait waitBound
 	cmd := &cobra.Command{
 		Use:   "ui",
 		Short: "Serve the web console on --addr (read-only unless --ui-allow-actions)",
@@ -51,7 +53,9 @@ func newUICommand(opts *globalOptions) *cobra.Command {
 			"The same console is served by `scheduler run --ui-addr` and by `scheduler demo` (read-only).\n\n" +
 			"With --ui-allow-actions and a token (--ui-token or STEPREADY_UI_TOKEN), a browser that signs in with\n" +
 			"the token may cancel, pause, resume and reset tasks and retry and resolve steps; the database role\n" +
-			"then needs stepready_operator's rights. Every action is an operator event with details.actor = \"ui\".",
+			"then needs stepready_operator's rights. Every action is an operator event with details.actor = \"ui\".\n\n" +
+			"It listens at once and waits for the database (--wait-for-db, default forever), trying again with\n" +
+			"backoff and logging each failure; meanwhile every page, /healthz included, answers 503.",
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			url, err := databaseURL(dbURL)
@@ -66,53 +70,115 @@ func newUICommand(opts *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			pool, err := openPool(cmd.Context(), url, 4)
+			ctx := cmd.Context()
+			pool, err := newPool(ctx, url, daemonPoolSize(4)) // as before: 4 plus the headroom
 			if err != nil {
 				return err
 			}
 			defer pool.Close()
-			stop, where, err := serveConsole(cmd.Context(), pool, addr, copts)
+			srv, err := listenConsole(ctx, addr, logger)
 			if err != nil {
 				return err
 			}
-			fmt.Fprintf(opts.stdout, "console: %s\n", where)
-			<-cmd.Context().Done()
-			return stop()
+			fmt.Fprintf(opts.stdout, "console: %s\n", srv.url)
+			if err := waitForDatabase(ctx, pool, wait, logger); err != nil {
+				_ = srv.stop()
+				if errors.Is(err, errStoppedWaiting) {
+					logger.Info("console: " + err.Error())
+					return nil
+				}
+				return err
+			}
+			if err := srv.attach(pool, copts); err != nil {
+				_ = srv.stop()
+				return err
+			}
+			<-ctx.Done()
+			return srv.stop()
 		},
 	}
 	cmd.Flags().StringVar(&dbURL, "database-url", "", "PostgreSQL URL of the stepready database")
 	setDefaultText(cmd.Flags(), "database-url", "none")
 	cmd.Flags().StringVar(&addr, "addr", console.DefaultAddr, "address the console listens on (host:port)")
 	actions.register(cmd.Flags())
+	registerWaitFlag(cmd.Flags(), &wait)
 	return cmd
 }
 
-// serveConsole listens on addr and serves the console over pool until stop is called (or ctx ends). It returns
-// the console's URL.
-func serveConsole(ctx context.Context, pool *pgxpool.Pool, addr string, opts console.Options) (
-	stop func() error, url string, err error) {
-	logger := cmp.Or(opts.Logger, slog.Default())
-	c, err := console.New(pool, opts)
-	if err != nil {
-		return nil, "", err
-	}
+// consoleServer is the console's HTTP server. It listens before the database is reachable: until attach, every
+// path (/healthz included) answers 503 "starting: waiting for the database", so that a supervisor or a load
+// balancer sees a console that starts.
+type consoleServer struct {
+	srv     *http.Server
+	url     string
+	served  chan struct{}
+	console atomic.Pointer[console.Console]
+}
+
+// listenConsole listens on addr and serves the "starting" answer until attach.
+func listenConsole(ctx context.Context, addr string, logger *slog.Logger) (*consoleServer, error) {
+	logger = cmp.Or(logger, slog.Default())
 	ln, err := (&net.ListenConfig{}).Listen(ctx, "tcp", addr)
 	if err != nil {
-		c.Close()
-		return nil, "", fmt.Errorf("console: listen on %s: %w", addr, err)
+		return nil, fmt.Errorf("console: listen on %s: %w", addr, err)
 	}
-	srv := &http.Server{Handler: c, ReadHeaderTimeout: 10 * time.Second}
+	s := &consoleServer{url: "http://" + ln.Addr().String() + "/", served: make(chan struct{})}
+	s.srv = &http.Server{Handler: http.HandlerFunc(s.serveHTTP), ReadHeaderTimeout: 10 * time.Second}
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		defer close(s.served)
+		if err := s.srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			logger.Error("console: serve", "err", err)
 		}
 	}()
-	return func() error {
-		c.Close() // ends the live streams, so Shutdown does not wait for them
-		shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-		defer cancel()
-		return srv.Shutdown(shutdownCtx)
-	}, "http://" + ln.Addr().String() + "/", nil
+	return s, nil
+}
+
+func (s *consoleServer) serveHTTP(w http.ResponseWriter, r *http.Request) {
+	if c := s.console.Load(); c != nil {
+		c.ServeHTTP(w, r)
+		return
+	}
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Retry-After", "1")
+	http.Error(w, waitingForDatabase, http.StatusServiceUnavailable)
+}
+
+// attach serves the console over pool from now on.
+func (s *consoleServer) attach(pool *pgxpool.Pool, opts console.Options) error {
+	c, err := console.New(pool, opts)
+	if err != nil {
+		return err
+	}
+	s.console.Store(c)
+	return nil
+}
+
+// stop closes the console (its live streams, so that Shutdown does not wait for them) and shuts the server down.
+// Call it before the pool closes.
+func (s *consoleServer) stop() error {
+	if c := s.console.Load(); c != nil {
+		c.Close()
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	err := s.srv.Shutdown(shutdownCtx)
+	<-s.served
+	return err
+}
+
+// serveConsole listens on addr and serves the console over pool until stop is called. It returns the console's
+// URL.
+func serveConsole(ctx context.Context, pool *pgxpool.Pool, addr string, opts console.Options) (
+	stop func() error, url string, err error) {
+	s, err := listenConsole(ctx, addr, opts.Logger)
+	if err != nil {
+		return nil, "", err
+	}
+	if err := s.attach(pool, opts); err != nil {
+		_ = s.stop()
+		return nil, "", err
+	}
+	return s.stop, s.url, nil
 }
 
 // demoConsole serves the console for `scheduler demo` and prints its URL; a console that cannot listen (the

@@ -121,7 +121,11 @@
 // command is required and runs without a shell (use ["/bin/sh", "-c", "…"] for one); dir defaults to the
 // scheduler's working directory; env is added to the scheduler's environment, overriding variables of the same
 // name; stdin defaults to empty. The command runs in a process group of its own, killed as a whole (SIGKILL)
-// when the step's timeout expires or the daemon shuts down.
+// when the step's timeout expires or the daemon shuts down. On Linux it also dies with the daemon when the daemon
+// is killed (SIGKILL, the OOM killer), its process group included, so that the step's retry never overlaps it:
+// the command has the parent-death signal SIGKILL, and a watchdog process (this program's own binary re-executed
+// as "stepready-exec-watchdog", see exec_linux.go) kills the group when the daemon's end of a pipe closes. A
+// process that leaves the group (setsid) is not followed. Elsewhere, a killed daemon leaves the command running.
 //
 // Output: {"stdout": "…", "stderr": "…", "exit_code": 0}; each stream keeps its first MaxExecOutputBytes
 // (10 MiB), as text the step's output can hold: invalid UTF-8 and NUL bytes (find -print0, a binary) become

@@ -85,7 +85,8 @@ func (h *execHandler) Handle(ctx context.Context, step *steps.Step) (any, error)
 	cmd.WaitDelay = execWaitDelay
 
 	name := strconv.Quote(in.Command[0])
-	if err := cmd.Start(); err != nil {
+	startErr, waitErr := runCommand(cmd)
+	if err := startErr; err != nil {
 		err = fmt.Errorf("exec handler: start %s: %w", name, err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, exec.ErrDot) || errors.Is(err, fs.ErrNotExist) ||
 			errors.Is(err, fs.ErrPermission) || errors.Is(err, syscall.ENOEXEC) {
@@ -93,7 +94,6 @@ func (h *execHandler) Handle(ctx context.Context, step *steps.Step) (any, error)
 		}
 		return nil, classifyExecContext(ctx, err)
 	}
-	waitErr := cmd.Wait()
 	if ctx.Err() != nil {
 		return nil, classifyExecContext(ctx, fmt.Errorf("exec handler: %s: %w", name, ctx.Err()))
 	}

@@ -15,16 +15,21 @@ import (
 
 	"github.com/stepready/stepready"
 	"github.com/stepready/stepready/steps"
+	"github.com/stepready/stepready/steps/builtin"
 )
 
 // childEnv makes the test binary run as a daemon process: its value is the database URL.
 const (
 	childEnv         = "STEPREADY_E2E_CHILD_DATABASE_URL"
 	childDispatchEnv = "STEPREADY_E2E_CHILD_DISPATCH"
+	// childGraceEnv is the child's shutdown grace (a duration; default 200 ms).
+	childGraceEnv = "STEPREADY_E2E_CHILD_GRACE"
 )
 
-// runChildDaemon is a real separate daemon: a "block" handler that runs until its context ends, a short lease,
-// and graceful shutdown on SIGTERM.
+// runChildDaemon is a real separate daemon: a "block" handler that runs until its context ends, the built-in
+// handlers (`sleep`, `exec` allowed, …), a short lease, and graceful shutdown on SIGTERM. It starts its client
+// with its signal context, as a program embedding stepready would (Example_embedTheDaemon): the signal must not
+// reach the running attempts before the grace has passed.
 func runChildDaemon() int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer stop()
@@ -48,14 +53,25 @@ func runChildDaemon() int {
 			return nil, ctx.Err()
 		}
 	}))
+	if err := builtin.Register(reg, builtin.Options{AllowExec: true}); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 3
+	}
+	grace := 200 * time.Millisecond
+	if s := os.Getenv(childGraceEnv); s != "" {
+		if grace, err = time.ParseDuration(s); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 3
+		}
+	}
 	c, err := stepready.NewClient(pool, stepready.Config{Registry: reg, Dispatch: os.Getenv(childDispatchEnv),
 		WorkerID: "child", Lease: 2 * time.Second, ReapInterval: time.Second, PollInterval: 200 * time.Millisecond,
-		ShutdownGrace: 200 * time.Millisecond})
+		ShutdownGrace: grace})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 3
 	}
-	if err := c.Start(context.Background()); err != nil {
+	if err := c.Start(ctx); err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 3
 	}
@@ -67,10 +83,11 @@ func runChildDaemon() int {
 	return 0
 }
 
-func startChild(t *testing.T, b *bundle, mode string) *exec.Cmd {
+// startChild starts a daemon process (runChildDaemon) dispatching in mode, with env added to its environment.
+func startChild(t *testing.T, b *bundle, mode string, env ...string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+b.db.URL, childDispatchEnv+"="+mode)
+	cmd.Env = append(append(os.Environ(), childEnv+"="+b.db.URL, childDispatchEnv+"="+mode), env...)
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	require.NoError(t, cmd.Start())
 	t.Cleanup(func() {
@@ -158,6 +175,89 @@ func TestSIGTERMReleasesRunningAttemptsUncharged(t *testing.T) {
 			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM stepready.step_events e
 				JOIN stepready.steps s ON s.id = e.step_id WHERE s.task_id = $1 AND e.event = 'step.released'`, id).Scan(&released))
 			require.Equal(t, 1, released)
+		})
+	}
+}
+
+// SIGTERM to a daemon process that started its client with its signal context, in both dispatch modes: an
+// attempt that ends within the shutdown grace finishes and is recorded (complete, attempts 1, no release); one
+// still running when the grace ends is released uncharged (RELIABILITY #5). River dispatch used to cancel every
+// running attempt at the signal: River derived its jobs' contexts from the context given to Start.
+func TestSIGTERMHonoursTheShutdownGrace(t *testing.T) {
+	t.Parallel()
+	for _, mode := range dispatchModes {
+		for _, tc := range []struct {
+			name    string
+			sleepMS int
+			grace   string
+		}{{"FinishesWithinTheGrace", 2000, "10s"}, {"ReleasedAfterTheGrace", 600_000, "1s"}} {
+			t.Run(mode+"/"+tc.name, func(t *testing.T) {
+				t.Parallel()
+				b := setup(t)
+				id := b.createTask(t, fmt.Sprintf(`{"name": "grace", "steps": [{"name": "s", "handler": "sleep",
+					"input": {"ms": %d}}]}`, tc.sleepMS))
+				child := startChild(t, b, mode, childGraceEnv+"="+tc.grace)
+				b.waitStep(t, id, 30*time.Second, "running in the child", func(s string, _ int) bool { return s == "in_progress" })
+				require.NoError(t, child.Process.Signal(syscall.SIGTERM))
+				require.NoError(t, child.Wait(), "graceful exit")
+
+				state, attempts := b.waitStep(t, id, 5*time.Second, "settled", func(string, int) bool { return true })
+				var released int
+				require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT count(*) FROM stepready.step_events
+					WHERE task_id = $1 AND event = 'step.released'`, id).Scan(&released))
+				if tc.sleepMS < 10_000 {
+					require.Equal(t, "complete", state, "the attempt finished within the grace")
+					require.Equal(t, 1, attempts)
+					require.Zero(t, released)
+				} else {
+					require.Equal(t, "pending", state, "released")
+					require.Equal(t, 0, attempts, "uncharged")
+					require.Equal(t, 1, released)
+				}
+			})
+		}
+	}
+}
+
+// Cancelling the context given to Client.Start, once started, cancels nothing, in both dispatch modes: the
+// running attempt is not cancelled and the client goes on claiming; only Stop stops it.
+func TestCancellingTheStartContextCancelsNothing(t *testing.T) {
+	t.Parallel()
+	for _, mode := range dispatchModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			b := setup(t)
+			running := make(chan struct{}, 1)
+			cause := make(chan error, 1)
+			b.reg.MustRegister("gate", steps.HandlerFunc(func(ctx context.Context, _ *steps.Step) (any, error) {
+				select {
+				case running <- struct{}{}:
+				default:
+				}
+				// A second is ample for a cancellation to arrive (it took microseconds when it did).
+				select {
+				case <-ctx.Done():
+					cause <- context.Cause(ctx)
+					return nil, ctx.Err()
+				case <-time.After(time.Second):
+					cause <- nil
+					return "ok", nil
+				}
+			}))
+			c, err := stepready.NewClient(b.pool, stepready.Config{Registry: b.reg, Dispatch: mode,
+				PollInterval: 200 * time.Millisecond, Logger: testLogger(t)})
+			require.NoError(t, err)
+			startCtx, cancel := context.WithCancel(context.Background())
+			require.NoError(t, c.Start(startCtx))
+			t.Cleanup(func() { require.NoError(t, c.Stop(context.Background())) })
+
+			first := b.createTask(t, `{"name": "first", "steps": [{"name": "s", "handler": "gate"}]}`)
+			<-running
+			cancel()
+			require.NoError(t, <-cause, "the running attempt's context was cancelled")
+			b.waitTask(t, first, 30*time.Second, "complete")
+			second := b.createTask(t, `{"name": "second", "steps": [{"name": "s", "handler": "noop"}]}`)
+			b.waitTask(t, second, 30*time.Second, "complete")
 		})
 	}
 }
