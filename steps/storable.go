@@ -72,7 +72,9 @@ func (s *jsonScrubber) run() error {
 			s.stack = append(s.stack, frame{array: true})
 			i++
 		case '}', ']':
-			s.stack = s.stack[:len(s.stack)-1]
+			if len(s.stack) > 0 { // always, in the valid JSON this is given
+				s.stack = s.stack[:len(s.stack)-1]
+			}
 			i++
 		case ',':
 			if top := s.top(); top != nil {
