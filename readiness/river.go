@@ -56,6 +56,9 @@ type RiverConfig struct {
 
 	// fetchCooldown overrides River's FetchCooldown (tests only; zero: fetchCooldownDefault).
 	fetchCooldown time.Duration
+	// skipCheck leaves the claimed rows unchecked before their jobs are inserted (tests only: River then refuses a
+	// bad queue itself, and Dispatch's fallback is what fails the step).
+	skipCheck bool
 }
 
 // fetchCooldownDefault is River's FetchCooldown for the dispatcher's client: the least time between two fetches
@@ -170,8 +173,29 @@ func (r *River) Free(ctx context.Context) (int, error) {
 func (r *River) Freed() <-chan struct{} { return r.freed }
 
 // Dispatch implements Dispatcher: next_claim_at, claim and InsertManyTx in one transaction.
+//
+// One claimed row never stops the others: a row the runtime cannot use (store.ClaimedStep.Check: a queue River
+// refuses, a timeout no time.Duration holds) fails its step with class deterministic in the claim's transaction,
+// and its job is not inserted. Should River refuse the batch anyway, the claim is rolled back and made again with
+// each job inserted on its own under a savepoint (insertEach), where a job River or PostgreSQL refuses for its
+// values fails its step alone.
 func (r *River) Dispatch(ctx context.Context, limit int) (int, store.NextDue, error) {
 	begin := time.Now()
+	n, due, err := r.dispatch(ctx, limit, false)
+	if _, refused := errors.AsType[*batchInsertError](err); refused {
+		r.logger().Warn("readiness: River refused a batch of jobs; claiming again with one job at a time",
+			slog.Any("error", err))
+		n, due, err = r.dispatch(ctx, limit, true)
+	}
+	if err != nil {
+		return 0, store.NextDue{}, err
+	}
+	r.cfg.Metrics.Claimed(n, time.Since(begin))
+	return n, due, nil
+}
+
+// dispatch is one claim transaction of Dispatch; oneByOne inserts each job under its own savepoint.
+func (r *River) dispatch(ctx context.Context, limit int, oneByOne bool) (int, store.NextDue, error) {
 	var n int
 	var due store.NextDue
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
@@ -181,29 +205,34 @@ func (r *River) Dispatch(ctx context.Context, limit int) (int, store.NextDue, er
 			return err
 		}
 		due = nextDue
+		n = len(claimed)
+		jobs, err := r.failUnusable(ctx, tx, claimed)
+		if err != nil || len(jobs) == 0 {
+			return err
+		}
 		now := time.Now()
-		params := make([]river.InsertManyParams, len(claimed))
-		for i, c := range claimed {
+		params := make([]river.InsertManyParams, len(jobs))
+		for i, c := range jobs {
 			// The worker reads the step's input (with its context and rules) when it starts the attempt, so
 			// the job carries only the claim row's identifiers: nothing large is copied into River's tables.
 			c.Input = nil
 			params[i] = river.InsertManyParams{Args: StepJobArgs{Step: c, ClaimedAt: now},
 				InsertOpts: &river.InsertOpts{MaxAttempts: 1, Queue: c.Queue}}
 		}
-		res, err := r.client.InsertManyTx(ctx, tx, params)
-		if err != nil {
-			return fmt.Errorf("readiness: insert river jobs: %w", err)
+		var res []*rivertype.JobInsertResult
+		if oneByOne {
+			jobs, res, err = r.insertEach(ctx, tx, jobs, params)
+		} else if res, err = r.client.InsertManyTx(ctx, tx, params); err != nil {
+			err = &batchInsertError{err: err}
 		}
-		if err := r.settleJobs(ctx, tx, claimed, res); err != nil {
+		if err != nil {
 			return err
 		}
-		n = len(claimed)
-		return nil
+		return r.settleJobs(ctx, tx, jobs, res)
 	})
 	if err != nil {
 		return 0, store.NextDue{}, err
 	}
-	r.cfg.Metrics.Claimed(n, time.Since(begin))
 	return n, due, nil
 }
 

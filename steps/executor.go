@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"time"
 
@@ -148,6 +149,16 @@ func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Starte
 	step := &Step{ID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler, Input: st.Input,
 		Context: st.Context, Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue, Rules: st.Rules,
 		token: st.Token}
+	// A row that breaks the bounds the tables hold (written around their constraints) fails alone, before its
+	// handler runs: its values cannot be used (a timeout no time.Duration holds would wrap to a deadline already
+	// past).
+	if err := c.Check(); err != nil {
+		e.Metrics.Finished(0)
+		handlerDone()
+		e.record(dbCtx, log, step, nil, result{unusable: err})
+		finished()
+		return
+	}
 	if c.TimeoutMS != nil {
 		step.Timeout = time.Duration(*c.TimeoutMS) * time.Millisecond
 	}
@@ -182,7 +193,7 @@ func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Starte
 // Recorder's goroutine. Every other outcome (rules, repetitions, releases, lost leases) is left to record.
 func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result,
 	finished func()) bool {
-	if e.Recorder == nil || prog != nil || r.leaseLost || r.released || r.rulesErr != nil {
+	if e.Recorder == nil || prog != nil || r.leaseLost || r.released || r.rulesErr != nil || r.unusable != nil {
 		return false
 	}
 	if _, repeat := errors.AsType[*RepeatRequest](r.err); repeat {
@@ -191,30 +202,48 @@ func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Ste
 	o := outcomeOf(r, e.maxOutputBytes())
 	switch {
 	case o.failure != nil:
-		doc, err := json.Marshal(*o.failure)
+		doc, err := marshalErrorDoc(*o.failure)
 		if err != nil {
 			return false
 		}
 		d := *o.failure
 		e.Recorder.FailAsync(ctx, step.ID, step.token, doc, func(res store.FailResult, err error) {
 			if err != nil {
-				logUnrecorded(log, err)
-			} else {
-				e.failed(log, d, res)
+				e.refusedOrUnrecorded(ctx, log, step, err, finished)
+				return
 			}
+			e.failed(log, d, res)
 			finished()
 		})
 	default:
 		e.Recorder.CompleteAsync(ctx, step.ID, step.token, o.output, func(ok bool, err error) {
 			if err != nil {
-				logUnrecorded(log, err)
-			} else {
-				e.succeeded(log, ok)
+				e.refusedOrUnrecorded(ctx, log, step, err, finished)
+				return
 			}
+			e.succeeded(log, ok)
 			finished()
 		})
 	}
 	return true
+}
+
+// refusedOrUnrecorded handles the error of an outcome queued in the Recorder, in its goroutine: an outcome the
+// database refused for its content is recorded as a contract_failure (refused) before finished is called, any other
+// error is logged. The refusal is recorded right there, holding up the recorder's next batch by one round trip: it
+// is rare, and done there it is finished before the recorder stops (Stop waits for it), so nothing outlives
+// shutdown.
+func (e *Executor) refusedOrUnrecorded(ctx context.Context, log *slog.Logger, step *Step, err error, finished func()) {
+	defer finished()
+	if !refusedForContent(err) {
+		logUnrecorded(log, err)
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
+	defer cancel()
+	if err := retryDB(ctx, func() error { return e.refused(ctx, log, step, err) }); err != nil {
+		logUnrecorded(log, err)
+	}
 }
 
 func logUnrecorded(log *slog.Logger, err error) {
@@ -238,6 +267,8 @@ type result struct {
 	timedOut bool
 	// rulesErr: the step's rules do not compile; the handler did not run.
 	rulesErr error
+	// unusable: the claim row breaks a bound of the tables (store.ClaimedStep.Check); the handler did not run.
+	unusable error
 }
 
 func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout time.Duration) result {
@@ -331,7 +362,14 @@ func (e *Executor) heartbeat(ctx context.Context, step *Step, cancelRun context.
 func (e *Executor) record(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result) {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
-	if err := retryDB(ctx, func() error { return e.recordOnce(ctx, log, step, prog, r) }); err != nil {
+	err := retryDB(ctx, func() error { return e.recordOnce(ctx, log, step, prog, r) })
+	if err != nil && refusedForContent(err) {
+		// The database refused the outcome for what it holds: record that at once instead of leaving the lease
+		// to expire (the reaper would fail the attempt as stalled and run the handler again).
+		refusal := err
+		err = retryDB(ctx, func() error { return e.refused(ctx, log, step, refusal) })
+	}
+	if err != nil {
 		logUnrecorded(log, err)
 	}
 }
@@ -367,6 +405,9 @@ func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step,
 		return nil
 	case r.rulesErr != nil:
 		return e.failUncompiledRules(ctx, log, step, r.rulesErr)
+	case r.unusable != nil:
+		log.Warn("executor: the claimed row cannot be run; the step fails", slog.Any("error", r.unusable))
+		return e.fail(ctx, log, step, undispatchableDoc(step.Name, r.unusable))
 	}
 
 	o := outcomeOf(r, e.maxOutputBytes())
@@ -430,13 +471,22 @@ type repeatPlan struct {
 // recorded for them.
 func outcomeOf(r result, maxOutput int) attemptOutcome {
 	fail := func(d errorDoc) attemptOutcome { return attemptOutcome{failure: &d} }
-	encodeJSON := func(v any) (json.RawMessage, error) {
+	// what prefixes a storable error ("handler output: "; the next input's failure adds its own prefix).
+	encodeJSON := func(what string, v any) (json.RawMessage, error) {
 		b, err := encodeJSON(v)
-		if err == nil && maxOutput >= 0 && len(b) > maxOutput {
+		if err != nil {
+			return nil, err
+		}
+		// What jsonb cannot hold is replaced (invalid UTF-8, lone surrogates) or refused (NUL) here, before the
+		// database sees it (storable.go).
+		if b, err = storableJSON(b, false); err != nil {
+			return nil, fmt.Errorf("%s%w", what, err)
+		}
+		if maxOutput >= 0 && len(b) > maxOutput {
 			return nil, fmt.Errorf("handler output is %d bytes, over the limit of %d bytes (--max-output-bytes)",
 				len(b), maxOutput)
 		}
-		return b, err
+		return b, nil
 	}
 	switch {
 	case r.panicked != nil:
@@ -446,7 +496,7 @@ func outcomeOf(r result, maxOutput int) attemptOutcome {
 		return fail(errorDoc{Class: ClassTimeout, Message: "handler ignored the end of its context and was abandoned"})
 	}
 	if rep, ok := errors.AsType[*RepeatRequest](r.err); ok {
-		out, err := encodeJSON(rep.Output)
+		out, err := encodeJSON("handler output: ", rep.Output)
 		if err != nil {
 			return fail(errorDoc{Class: ClassContractFailure, Message: err.Error()})
 		}
@@ -457,7 +507,7 @@ func outcomeOf(r result, maxOutput int) attemptOutcome {
 		}
 		plan := &repeatPlan{delay: rep.Delay}
 		if rep.NextInput != nil {
-			if plan.nextInput, err = encodeJSON(rep.NextInput); err != nil {
+			if plan.nextInput, err = encodeJSON("", rep.NextInput); err != nil {
 				return fail(errorDoc{Class: ClassContractFailure, Message: "next input: " + err.Error()})
 			}
 		}
@@ -466,7 +516,7 @@ func outcomeOf(r result, maxOutput int) attemptOutcome {
 	if r.err != nil {
 		return fail(classify(r.err, r.timedOut))
 	}
-	out, err := encodeJSON(r.output)
+	out, err := encodeJSON("handler output: ", r.output)
 	if err != nil {
 		return fail(errorDoc{Class: ClassContractFailure, Message: err.Error()})
 	}
@@ -493,9 +543,9 @@ func (e *Executor) failOn(ctx context.Context, db store.DBTX, log *slog.Logger, 
 }
 
 func (e *Executor) failWith(log *slog.Logger, d errorDoc, record func(json.RawMessage) (store.FailResult, error)) error {
-	doc, err := json.Marshal(d)
+	doc, err := marshalErrorDoc(d)
 	if err != nil {
-		return fmt.Errorf("steps: encode error document: %w", err)
+		return err
 	}
 	res, err := record(doc)
 	if err != nil {
@@ -505,9 +555,20 @@ func (e *Executor) failWith(log *slog.Logger, d errorDoc, record func(json.RawMe
 	return nil
 }
 
+// marshalErrorDoc encodes a failure for fail_step, with what jsonb cannot hold (NUL, invalid UTF-8, lone
+// surrogates) replaced by U+FFFD: a failure is always recorded.
+func marshalErrorDoc(d errorDoc) (json.RawMessage, error) {
+	doc, err := json.Marshal(d)
+	if err != nil {
+		return nil, fmt.Errorf("steps: encode error document: %w", err)
+	}
+	return storableJSON(doc, true)
+}
+
 // failed counts and logs a recorded failure.
 func (e *Executor) failed(log *slog.Logger, d errorDoc, res store.FailResult) {
-	e.Metrics.Failed(d.Class, res.State == "waiting_for_retry")
+	// A label value must be valid UTF-8 (Prometheus panics otherwise), and a handler chooses the class.
+	e.Metrics.Failed(strings.ToValidUTF8(d.Class, "\uFFFD"), res.State == "waiting_for_retry")
 	attrs := []any{slog.String("class", d.Class), slog.String("message", d.Message), slog.String("state", res.State)}
 	if res.NextAttemptAt != nil {
 		attrs = append(attrs, slog.Time("next_attempt_at", *res.NextAttemptAt))

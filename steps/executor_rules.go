@@ -98,6 +98,10 @@ func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *
 	if err != nil {
 		return fmt.Errorf("steps: encode policy decision: %w", err)
 	}
+	// The event repeats the attempt's error, whose message jsonb may not hold as is (storable.go).
+	if details, err = storableJSON(details, true); err != nil {
+		return err
+	}
 	log = log.With(slog.String("decision", dec.Kind.String()), slog.Int("rule", dec.RuleIndex))
 	return pgx.BeginFunc(ctx, e.Pool, func(tx pgx.Tx) error {
 		if ok, err := store.RecordPolicyEvaluation(ctx, tx, step.ID, step.token, details); err != nil || !ok {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -309,6 +311,75 @@ func TestExecutorOutputSizeLimit(t *testing.T) {
 				require.Equal(t, "contract_failure", got.Class)
 				require.Equal(t, tc.message, got.Message)
 			}
+		})
+	}
+}
+
+// Issue 27 finding 3: attempts that finish together are recorded in one batch; an outcome the database refuses for
+// its content (a number beyond numeric's range) does not fail the others, and is itself recorded at once as a
+// contract_failure with the database's message, not left to its lease. Both ways the executor hands outcomes to
+// the batch recorder: waiting for the record (Run, the River dispatcher's) and queued (RunStarted with a recorded
+// callback, the direct dispatcher's).
+func TestExecutorRecordsARefusedOutcomeOfABatchAsAContractFailure(t *testing.T) {
+	t.Parallel()
+	for _, queued := range []bool{false, true} {
+		t.Run(fmt.Sprintf("queued=%t", queued), func(t *testing.T) {
+			t.Parallel()
+			b := execSetup(t)
+			ctx := context.Background()
+			b.exec.Recorder = steps.NewBatchRecorder(b.db.Pool, 0, nil)
+			release := make(chan struct{})
+			b.reg.MustRegister("h", steps.HandlerFunc(func(_ context.Context, s *steps.Step) (any, error) {
+				<-release // every attempt finishes at once: their outcomes meet in a batch
+				if s.Name == "bad" {
+					return json.RawMessage(`{"n": 1e1000000}`), nil
+				}
+				return map[string]string{"step": s.Name}, nil
+			}))
+			const n = 8
+			for i := range n {
+				name := fmt.Sprintf("ok%d", i)
+				if i == 3 {
+					name = "bad"
+				}
+				_, err := b.db.Pool.Exec(ctx, `SELECT stepready.create_task(jsonb_build_object('name', 't', 'steps',
+					jsonb_build_array(jsonb_build_object('name', $1::text, 'handler', 'h'))))`, name)
+				require.NoError(t, err)
+			}
+			claimed, err := store.ClaimAndStartSteps(ctx, b.db.Pool, n, "w", time.Minute)
+			require.NoError(t, err)
+			require.Len(t, claimed, n)
+			b.exec.Reserve(n)
+			var wg sync.WaitGroup
+			var recorded sync.WaitGroup
+			for _, c := range claimed {
+				wg.Add(1)
+				var done func()
+				if queued {
+					recorded.Add(1)
+					done = recorded.Done
+				}
+				go func() {
+					defer wg.Done()
+					b.exec.RunStarted(ctx, c.ClaimedStep, c.Started, nil, done)
+				}()
+			}
+			close(release)
+			wg.Wait()
+			recorded.Wait()
+			b.exec.Recorder.Stop()
+
+			var complete, refused int
+			var msg string
+			require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT
+				(SELECT count(*) FROM stepready.steps WHERE state = 'complete'),
+				(SELECT count(*) FROM stepready.steps WHERE name = 'bad' AND state = 'waiting_for_retry'
+				    AND attempts = 1 AND last_error ->> 'class' = 'contract_failure'),
+				(SELECT last_error ->> 'message' FROM stepready.steps WHERE name = 'bad')`).Scan(&complete, &refused, &msg))
+			require.Equal(t, n-1, complete, "the rest of the batch is recorded")
+			require.Equal(t, 1, refused, "the refused outcome is a contract_failure at once")
+			require.Contains(t, msg, "value overflows numeric format")
+			require.Contains(t, msg, "[SQLSTATE 22003]")
 		})
 	}
 }

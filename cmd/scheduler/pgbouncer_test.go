@@ -169,9 +169,15 @@ func TestBehindPgBouncer(t *testing.T) {
 				WHERE task_id = ANY ($1) AND name = 'b'`, diamonds).Scan(&attempts))
 			require.Equal(t, 3*len(diamonds), attempts, "each b failed twice, then succeeded")
 			var outOfOrder int
+			// By event ids, not timestamps: d's claim may run in a transaction that began (now()) before b's
+			// completion committed, but its start event is inserted after that commit, so its id is higher.
 			require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM stepready.steps d
 				JOIN stepready.steps b ON b.task_id = d.task_id AND b.name = 'b'
-				WHERE d.task_id = ANY ($1) AND d.name = 'd' AND d.last_attempted_at < b.completed_at`, diamonds).Scan(&outOfOrder))
+				WHERE d.task_id = ANY ($1) AND d.name = 'd'
+				  AND (SELECT min(e.id) FROM stepready.step_events e WHERE e.task_id = d.task_id AND e.step_id = d.id
+				        AND e.event = 'attempt.started')
+				    < (SELECT max(e.id) FROM stepready.step_events e WHERE e.task_id = b.task_id AND e.step_id = b.id
+				        AND e.event = 'step.completed')`, diamonds).Scan(&outOfOrder))
 			require.Zero(t, outOfOrder, "d starts after b completes")
 			for _, id := range []int64{once, never} {
 				require.Eventually(t, func() bool {
