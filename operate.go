@@ -3,6 +3,7 @@ package stepready
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
@@ -24,8 +25,23 @@ type Beginner interface {
 }
 
 // ErrNotFound is what errors.Is finds in the error of an operator action whose task or step does not exist (the
-// error's message says which).
-var ErrNotFound = store.ErrNotFound
+// error's message says which: "task 12 does not exist").
+var ErrNotFound = errors.New("stepready: not found")
+
+// notFoundError keeps the store's message ("task 12 does not exist") and is ErrNotFound.
+type notFoundError struct{ err error }
+
+func (e notFoundError) Error() string        { return e.err.Error() }
+func (e notFoundError) Unwrap() error        { return e.err }
+func (e notFoundError) Is(target error) bool { return target == ErrNotFound }
+
+// public maps the store's not-found errors to ErrNotFound.
+func public(err error) error {
+	if errors.Is(err, store.ErrNotFound) {
+		return notFoundError{err}
+	}
+	return err
+}
 
 // ActorDefault is the actor recorded when OperatorOptions.Actor is empty.
 const ActorDefault = "library"
@@ -150,7 +166,7 @@ func taskAction(ctx context.Context, db Beginner, id int64, action string, opts 
 	err := operatorTx(ctx, db, opts, func(tx pgx.Tx) error {
 		before, err := store.ReadTaskState(ctx, tx, id)
 		if err != nil {
-			return err
+			return public(err)
 		}
 		if ch.StepsAffected, ch.Changed, err = call(tx); err != nil {
 			return err
@@ -171,7 +187,7 @@ func stepAction(ctx context.Context, db Beginner, id int64, action string, opts 
 	err := operatorTx(ctx, db, opts, func(tx pgx.Tx) error {
 		before, err := store.ReadStepState(ctx, tx, id)
 		if err != nil {
-			return err
+			return public(err)
 		}
 		if err := call(tx); err != nil {
 			return err

@@ -9,11 +9,11 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepready/stepready/internal/dispatch"
 	"github.com/stepready/stepready/internal/maintenance"
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/store"
-	"github.com/stepready/stepready/readiness"
-	"github.com/stepready/stepready/steps"
+	"github.com/stepready/stepready/internal/worker"
 )
 
 // service is a started client: the poller, the listener, the maintenance services and a dispatcher.
@@ -75,18 +75,18 @@ func (c *Client) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("stepready: %w", err)
 	}
-	exec := &steps.Executor{Pool: pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
+	exec := &worker.Executor{Pool: pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
 		DefaultTimeout: cfg.DefaultTimeout, MaxOutputBytes: cfg.MaxOutputBytes, Logger: log, Metrics: m}
 
 	// Outcomes are recorded in batches (complete_steps, fail_steps); River's workers, which receive their steps
 	// one job at a time, also start them in batches (start_steps). The batchers stop after the dispatcher has
 	// drained, so every outcome of a worker that returned is recorded.
-	exec.Recorder = steps.NewBatchRecorder(pool, steps.BatchMaxDefault, log)
+	exec.Recorder = worker.NewBatchRecorder(pool, worker.BatchMaxDefault, log)
 	svc.maintainer = maintainer
-	var disp readiness.Dispatcher
+	var disp dispatch.Dispatcher
 	switch cfg.Dispatch {
 	case DispatchDirect:
-		d := readiness.NewDirect(pool, exec, cfg.Concurrency, m)
+		d := dispatch.NewDirect(pool, exec, cfg.Concurrency, m)
 		disp = d
 		svc.shutdown = func(ctx context.Context) error {
 			d.Shutdown(ctx)
@@ -94,12 +94,12 @@ func (c *Client) Start(ctx context.Context) error {
 			return nil
 		}
 	default:
-		exec.Starter = steps.NewBatchStarter(pool, cfg.WorkerID, cfg.Lease, steps.BatchMaxDefault, log)
+		exec.Starter = worker.NewBatchStarter(pool, cfg.WorkerID, cfg.Lease, worker.BatchMaxDefault, log)
 		stopBatchers := func() {
 			exec.Starter.Stop()
 			exec.Recorder.Stop()
 		}
-		r, err := readiness.NewRiver(readiness.RiverConfig{Pool: pool, Executor: exec,
+		r, err := dispatch.NewRiver(dispatch.RiverConfig{Pool: pool, Executor: exec,
 			Concurrency: cfg.Concurrency, PollOnly: cfg.PollOnly, PollInterval: cfg.PollInterval, Logger: log, Metrics: m})
 		if err != nil {
 			stopBatchers()
@@ -130,10 +130,10 @@ func (c *Client) Start(ctx context.Context) error {
 		}()
 	}
 	if !cfg.PollOnly {
-		l := &readiness.Listener{ConnConfig: pool.Config().ConnConfig.Copy(), Wake: wake, Logger: log}
+		l := &dispatch.Listener{ConnConfig: pool.Config().ConnConfig.Copy(), Wake: wake, Logger: log}
 		run("listener", l.Run)
 	}
-	p := &readiness.Poller{DB: pool, Dispatcher: disp, Wake: wake, PollInterval: cfg.PollInterval, Logger: log}
+	p := &dispatch.Poller{DB: pool, Dispatcher: disp, Wake: wake, PollInterval: cfg.PollInterval, Logger: log}
 	if cfg.Dispatch == DispatchDirect {
 		// Two batches in flight: one is claimed while the other runs and is recorded.
 		p.ClaimMax = max((cfg.Concurrency+1)/2, 1)

@@ -1,4 +1,4 @@
-package readiness
+package dispatch
 
 import (
 	"context"
@@ -48,7 +48,7 @@ func (p *Poller) Run(ctx context.Context) error {
 		// The dispatchers read next_claim_at in the claim's own transaction, before the claim, so arming costs
 		// no round trip of its own when there is capacity to claim.
 		wait := p.claimAll(ctx, due)
-		p.Logger.Debug("readiness: waiting", slog.Duration("next_due_in", wait))
+		p.Logger.Debug("dispatch: waiting", slog.Duration("next_due_in", wait))
 		var why string
 		select {
 		case <-ctx.Done():
@@ -62,7 +62,7 @@ func (p *Poller) Run(ctx context.Context) error {
 		case <-p.Dispatcher.Freed():
 			why = "capacity freed"
 		}
-		p.Logger.Debug("readiness: woken", slog.String("by", why))
+		p.Logger.Debug("dispatch: woken", slog.String("by", why))
 	}
 }
 
@@ -74,7 +74,7 @@ func (p *Poller) claimAll(ctx context.Context, timer *time.Timer) time.Duration 
 	for ctx.Err() == nil {
 		free, err := p.Dispatcher.Free(ctx)
 		if err != nil {
-			p.logError(ctx, "readiness: free capacity", err)
+			p.logError(ctx, "dispatch: free capacity", err)
 			break
 		}
 		if free == 0 {
@@ -86,7 +86,7 @@ func (p *Poller) claimAll(ctx context.Context, timer *time.Timer) time.Duration 
 		}
 		n, due, err := p.Dispatcher.Dispatch(ctx, limit)
 		if err != nil {
-			p.logError(ctx, "readiness: claim", err)
+			p.logError(ctx, "dispatch: claim", err)
 			break
 		}
 		if !armed {
@@ -109,7 +109,7 @@ func (p *Poller) armTimer(ctx context.Context, t *time.Timer) time.Duration {
 	var err error
 	due.At, due.DBNow, err = store.NextClaimAt(ctx, p.DB)
 	if err != nil {
-		p.logError(ctx, "readiness: next claim time", err)
+		p.logError(ctx, "dispatch: next claim time", err)
 	}
 	return p.setTimer(t, due)
 }

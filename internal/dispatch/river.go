@@ -1,4 +1,4 @@
-package readiness
+package dispatch
 
 import (
 	"cmp"
@@ -18,27 +18,31 @@ import (
 
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/internal/worker"
+	"github.com/stepready/stepready/readiness"
 	"github.com/stepready/stepready/steps"
 )
 
-// StepJobArgs is the River job of one claimed step. River only transports it: the job always has MaxAttempts 1
-// and the worker always returns nil, because stepready's SQL is the only retry authority.
-type StepJobArgs struct {
-	// Step is the claim row.
-	Step store.ClaimedStep `json:"step"`
-	// ClaimedAt is when the claim committed (for the claim-to-start latency).
-	ClaimedAt time.Time `json:"claimed_at"`
+// StepJobArgs is the River job of one claimed step (readiness.StepJobArgs, the public face of the job).
+type StepJobArgs = readiness.StepJobArgs
+
+// jobClaim is the claim row as its job carries it (ids, no input); storeClaim is the reverse.
+func jobClaim(c store.ClaimedStep) readiness.Claim {
+	return readiness.Claim{StepID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler, Attempts: c.Attempts,
+		TimeoutMS: c.TimeoutMS, Queue: c.Queue}
 }
 
-// Kind implements river.JobArgs.
-func (StepJobArgs) Kind() string { return "stepready_step" }
+func storeClaim(c readiness.Claim) store.ClaimedStep {
+	return store.ClaimedStep{StepID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler, Attempts: c.Attempts,
+		TimeoutMS: c.TimeoutMS, Queue: c.Queue}
+}
 
 // RiverConfig configures the River dispatcher.
 type RiverConfig struct {
 	// Pool is the database (River's tables live beside the stepready schema). Required.
 	Pool *pgxpool.Pool
 	// Executor runs the jobs this process works. Required.
-	Executor *steps.Executor
+	Executor *worker.Executor
 	// Concurrency is both this process's River workers per queue and the bound on jobs waiting to be worked.
 	Concurrency int
 	// Queues are the River queues (steps.queue values) this process works. Default: ["default"].
@@ -89,7 +93,7 @@ func NewRiver(cfg RiverConfig) (*River, error) {
 	r := &River{cfg: cfg, freed: make(chan struct{}, 1), running: map[int64]context.CancelCauseFunc{}}
 	workers := river.NewWorkers()
 	if err := river.AddWorkerSafely[StepJobArgs](workers, &riverWorker{r: r}); err != nil {
-		return nil, fmt.Errorf("readiness: river worker: %w", err)
+		return nil, fmt.Errorf("dispatch: river worker: %w", err)
 	}
 	queues := make(map[string]river.QueueConfig, len(cfg.Queues))
 	for _, q := range cfg.Queues {
@@ -108,7 +112,7 @@ func NewRiver(cfg RiverConfig) (*River, error) {
 		FetchPollInterval: max(cooldown, fetchPollInterval(cfg)),
 	})
 	if err != nil {
-		return nil, fmt.Errorf("readiness: river client: %w", err)
+		return nil, fmt.Errorf("dispatch: river client: %w", err)
 	}
 	r.client = client
 	return r, nil
@@ -144,7 +148,7 @@ func (r *River) Start(ctx context.Context) error {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), riverAbortTimeout)
 		defer cancel()
 		_ = r.client.StopAndCancel(stopCtx)
-		return errors.Join(fmt.Errorf("readiness: river start aborted: %w", context.Cause(ctx)), err)
+		return errors.Join(fmt.Errorf("dispatch: river start aborted: %w", context.Cause(ctx)), err)
 	}
 	if err != nil {
 		cancelRun()
@@ -161,7 +165,7 @@ func (r *River) Free(ctx context.Context) (int, error) {
 	err := r.cfg.Pool.QueryRow(ctx, `SELECT count(*) FROM river_job
 		WHERE state = 'available' AND kind = $1 AND queue = ANY ($2)`, StepJobArgs{}.Kind(), r.cfg.Queues).Scan(&waiting)
 	if err != nil {
-		return 0, fmt.Errorf("readiness: river backlog: %w", err)
+		return 0, fmt.Errorf("dispatch: river backlog: %w", err)
 	}
 	r.mu.Lock()
 	running := len(r.running)
@@ -183,7 +187,7 @@ func (r *River) Dispatch(ctx context.Context, limit int) (int, store.NextDue, er
 	begin := time.Now()
 	n, due, err := r.dispatch(ctx, limit, false)
 	if _, refused := errors.AsType[*batchInsertError](err); refused {
-		r.logger().Warn("readiness: River refused a batch of jobs; claiming again with one job at a time",
+		r.logger().Warn("dispatch: River refused a batch of jobs; claiming again with one job at a time",
 			slog.Any("error", err))
 		n, due, err = r.dispatch(ctx, limit, true)
 	}
@@ -215,8 +219,7 @@ func (r *River) dispatch(ctx context.Context, limit int, oneByOne bool) (int, st
 		for i, c := range jobs {
 			// The worker reads the step's input (with its context and rules) when it starts the attempt, so
 			// the job carries only the claim row's identifiers: nothing large is copied into River's tables.
-			c.Input = nil
-			params[i] = river.InsertManyParams{Args: StepJobArgs{Step: c, ClaimedAt: now},
+			params[i] = river.InsertManyParams{Args: StepJobArgs{Step: jobClaim(c), ClaimedAt: now},
 				InsertOpts: &river.InsertOpts{MaxAttempts: 1, Queue: c.Queue}}
 		}
 		var res []*rivertype.JobInsertResult
@@ -257,7 +260,7 @@ func (r *River) Shutdown(ctx context.Context) error {
 	hard, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := r.client.StopAndCancel(hard); err != nil && !errors.Is(err, context.Canceled) {
-		return fmt.Errorf("readiness: stop river: %w", err)
+		return fmt.Errorf("dispatch: stop river: %w", err)
 	}
 	return nil
 }
@@ -283,7 +286,7 @@ func (w *riverWorker) Work(ctx context.Context, job *river.Job[StepJobArgs]) err
 		cancel(nil)
 		signal(w.r.freed)
 	}()
-	w.r.cfg.Executor.Run(attemptCtx, job.Args.Step, job.Args.ClaimedAt)
+	w.r.cfg.Executor.Run(attemptCtx, storeClaim(job.Args.Step), job.Args.ClaimedAt)
 	return nil
 }
 
@@ -322,7 +325,7 @@ func (r *River) settleJobs(ctx context.Context, tx pgx.Tx, claimed []store.Claim
 			RETURNING 1)
 		SELECT pg_notify(current_schema() || '.river_insert', p) FROM unnest($2::text[]) AS p`,
 		ids, payloads); err != nil {
-		return fmt.Errorf("readiness: settle river jobs (database time, announcement): %w", err)
+		return fmt.Errorf("dispatch: settle river jobs (database time, announcement): %w", err)
 	}
 	return nil
 }

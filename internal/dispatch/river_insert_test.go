@@ -1,4 +1,4 @@
-package readiness_test
+package dispatch_test
 
 import (
 	"fmt"
@@ -9,7 +9,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepready/stepready/readiness"
+	"github.com/stepready/stepready/internal/dispatch"
+	"github.com/stepready/stepready/internal/worker"
 	"github.com/stepready/stepready/steps"
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
@@ -23,12 +24,12 @@ func TestRiverDispatchFailsAloneAStepItCannotDispatch(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name     string
-		cfg      func(readiness.RiverConfig) readiness.RiverConfig
+		cfg      func(dispatch.RiverConfig) dispatch.RiverConfig
 		messages []string
 	}{
-		{"checked before the insert", func(c readiness.RiverConfig) readiness.RiverConfig { return c },
+		{"checked before the insert", func(c dispatch.RiverConfig) dispatch.RiverConfig { return c },
 			[]string{`step "bad" cannot be dispatched: queue: must be a River queue name`, `"Bad Queue!"`}},
-		{"refused by River", readiness.WithoutRowCheck,
+		{"refused by River", dispatch.WithoutRowCheck,
 			[]string{`step "bad" cannot be dispatched: River refused its job: queue name is invalid`}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -53,8 +54,8 @@ func TestRiverDispatchFailsAloneAStepItCannotDispatch(t *testing.T) {
 			require.NoError(t, db.Pool.QueryRow(ctx, `UPDATE stepready.steps SET queue = 'Bad Queue!'
 				WHERE name = 'bad' RETURNING id`).Scan(&badID))
 
-			exec := &steps.Executor{Pool: pool, Registry: steps.NewRegistry(), Worker: "w", Lease: time.Minute}
-			r, err := readiness.NewRiver(tc.cfg(readiness.RiverConfig{Pool: pool, Executor: exec, Concurrency: 10,
+			exec := &worker.Executor{Pool: pool, Registry: steps.NewRegistry(), Worker: "w", Lease: time.Minute}
+			r, err := dispatch.NewRiver(tc.cfg(dispatch.RiverConfig{Pool: pool, Executor: exec, Concurrency: 10,
 				Logger: slog.New(slog.DiscardHandler)}))
 			require.NoError(t, err)
 

@@ -1,4 +1,4 @@
-package readiness_test
+package dispatch_test
 
 import (
 	"context"
@@ -12,7 +12,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepready/stepready/readiness"
+	"github.com/stepready/stepready/internal/dispatch"
+	"github.com/stepready/stepready/internal/worker"
 	"github.com/stepready/stepready/steps"
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
@@ -34,9 +35,9 @@ func TestRiverDispatchAnnouncesEveryClaim(t *testing.T) {
 	defer func() { _ = listener.Close(context.WithoutCancel(ctx)) }()
 	require.NoError(t, listener.Listen(ctx, "river_insert"))
 
-	exec := &steps.Executor{Pool: pool, Registry: steps.NewRegistry(), Worker: "w", Lease: time.Minute}
+	exec := &worker.Executor{Pool: pool, Registry: steps.NewRegistry(), Worker: "w", Lease: time.Minute}
 	// River's own announcement of an insert comes at most once an hour here.
-	r, err := readiness.NewRiver(readiness.WithFetchCooldown(readiness.RiverConfig{Pool: pool, Executor: exec,
+	r, err := dispatch.NewRiver(dispatch.WithFetchCooldown(dispatch.RiverConfig{Pool: pool, Executor: exec,
 		Concurrency: 10, Logger: slog.New(slog.DiscardHandler)}, time.Hour))
 	require.NoError(t, err)
 

@@ -1,4 +1,4 @@
-package readiness
+package dispatch
 
 import (
 	"context"
@@ -19,7 +19,7 @@ import (
 // back with it, and Dispatch claims again with one job per savepoint (insertEach).
 type batchInsertError struct{ err error }
 
-func (e *batchInsertError) Error() string { return "readiness: insert river jobs: " + e.err.Error() }
+func (e *batchInsertError) Error() string { return "dispatch: insert river jobs: " + e.err.Error() }
 func (e *batchInsertError) Unwrap() error { return e.err }
 
 // failUnusable fails, in the claim's transaction tx, every claimed step whose row the runtime cannot use
@@ -52,12 +52,12 @@ func (r *River) insertEach(ctx context.Context, tx pgx.Tx, jobs []store.ClaimedS
 	for i, c := range jobs {
 		sp, err := tx.Begin(ctx)
 		if err != nil {
-			return nil, nil, fmt.Errorf("readiness: savepoint: %w", err)
+			return nil, nil, fmt.Errorf("dispatch: savepoint: %w", err)
 		}
 		res, err := r.client.InsertManyTx(ctx, sp, params[i:i+1])
 		if err == nil {
 			if err := sp.Commit(ctx); err != nil {
-				return nil, nil, fmt.Errorf("readiness: release savepoint: %w", err)
+				return nil, nil, fmt.Errorf("dispatch: release savepoint: %w", err)
 			}
 			inserted = append(inserted, c)
 			results = append(results, res...)
@@ -65,9 +65,9 @@ func (r *River) insertEach(ctx context.Context, tx pgx.Tx, jobs []store.ClaimedS
 		}
 		// A savepoint that cannot be rolled back means the connection or the transaction is gone: not the job.
 		if rbErr := sp.Rollback(ctx); rbErr != nil || !refusedForItsValues(err) {
-			return nil, nil, fmt.Errorf("readiness: insert the river job of step %d: %w", c.StepID, err)
+			return nil, nil, fmt.Errorf("dispatch: insert the river job of step %d: %w", c.StepID, err)
 		}
-		r.logger().Warn("readiness: River refused the job of one step; the step fails",
+		r.logger().Warn("dispatch: River refused the job of one step; the step fails",
 			slog.Int64("step_id", c.StepID), slog.Int64("task_id", c.TaskID), slog.Any("error", err))
 		if err := r.cfg.Executor.FailUndispatchable(ctx, tx, c, fmt.Errorf("River refused its job: %w", err)); err != nil {
 			return nil, nil, err

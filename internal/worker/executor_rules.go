@@ -1,4 +1,4 @@
-package steps
+package worker
 
 import (
 	"context"
@@ -11,18 +11,9 @@ import (
 
 	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/rules"
-)
 
-// OutputWithHTTPStatus is an optional interface of a handler's output. An output that came from an HTTP
-// response implements it to report the response's status, which the outcome rules of a successful attempt see
-// as `outcome.http.status` (SPEC §8); without it a successful attempt has `outcome.http.status == 0`. A failed
-// attempt reports its status through Error.HTTPStatus instead. The `http` built-in's output implements it, so a
-// rule can tell a 202 Accepted from a 200 OK. The output is still encoded as JSON for the database and
-// `outcome.result` as usual; the method only adds the status beside it.
-type OutputWithHTTPStatus interface {
-	// HTTPStatus returns the status code of the response the output was made from.
-	HTTPStatus() int
-}
+	"github.com/stepready/stepready/steps"
+)
 
 func hasRules(doc json.RawMessage) bool {
 	s := string(doc)
@@ -33,7 +24,7 @@ func hasRules(doc json.RawMessage) bool {
 // through plain SQL: every Go entry point validates). The handler has not run. The failure is `deterministic`
 // and not retryable, and its message is the one rules.Validate gives for the same document when a task is
 // created, `steps[i] "name": rules[j].when: <CEL message>`, with i the step's position in its task.
-func (e *Executor) failUncompiledRules(ctx context.Context, log *slog.Logger, step *Step, compileErr error) error {
+func (e *Executor) failUncompiledRules(ctx context.Context, log *slog.Logger, step *attempt, compileErr error) error {
 	pos, err := store.StepPosition(ctx, e.Pool, step.ID)
 	if err != nil {
 		return err
@@ -46,7 +37,7 @@ func (e *Executor) failUncompiledRules(ctx context.Context, log *slog.Logger, st
 	}
 	no := false
 	log.Warn("executor: step rules do not compile; the handler was not run", slog.String("error", msg))
-	return e.fail(ctx, log, step, errorDoc{Class: ClassDeterministic, Message: msg, Retryable: &no})
+	return e.fail(ctx, log, step, errorDoc{Class: steps.ClassDeterministic, Message: msg, Retryable: &no})
 }
 
 // recordWithRules evaluates the step's outcome rules (SPEC §8) on the attempt's outcome, whatever it came to
@@ -58,7 +49,7 @@ func (e *Executor) failUncompiledRules(ctx context.Context, log *slog.Logger, st
 // matching rule decides instead of the handler (break or continue complete the step, retry and fail fail the
 // attempt, a repeat rule uses its delay_ms and its next_input, or the handler's next input when it has none),
 // and when no rule matches the handler's repetition applies.
-func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program,
+func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *attempt, prog *rules.Program,
 	o attemptOutcome) error {
 	outcome := rules.Outcome{Result: o.output, Input: step.Input, Context: step.Context, Attempt: step.Attempt,
 		Iteration: step.Iteration, HTTPStatus: o.httpStatus}
@@ -71,7 +62,7 @@ func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *
 		if _, ok := errors.AsType[*rules.EvalError](err); !ok {
 			return err
 		}
-		d := errorDoc{Class: ClassContractFailure, Message: "step rules: " + err.Error()}
+		d := errorDoc{Class: steps.ClassContractFailure, Message: "step rules: " + err.Error()}
 		if f := o.failure; f != nil {
 			// Nothing of the attempt's own failure is lost: its class and message follow, its stack is kept.
 			d.Message += fmt.Sprintf(" (the attempt had failed with class %s: %s)", f.Class, f.Message)
@@ -114,7 +105,7 @@ func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *
 	})
 }
 
-func (e *Executor) applyDecision(ctx context.Context, tx pgx.Tx, log *slog.Logger, step *Step, dec rules.Decision,
+func (e *Executor) applyDecision(ctx context.Context, tx pgx.Tx, log *slog.Logger, step *attempt, dec rules.Decision,
 	doc *errorDoc, out json.RawMessage) error {
 	if out == nil {
 		out = json.RawMessage("null")
@@ -135,14 +126,14 @@ func (e *Executor) applyDecision(ctx context.Context, tx pgx.Tx, log *slog.Logge
 		}
 		return err
 	case rules.Retry:
-		d := errorDoc{Class: ClassTransient, Message: fmt.Sprintf("rule %d requested a retry", dec.RuleIndex)}
+		d := errorDoc{Class: steps.ClassTransient, Message: fmt.Sprintf("rule %d requested a retry", dec.RuleIndex)}
 		if doc != nil {
 			d = *doc
 		}
 		d.Retry, d.Rule = dec.RetryJSON(), dec.RuleRef()
 		return e.failOn(ctx, tx, log, step, d)
 	case rules.FailPermanent:
-		d := errorDoc{Class: ClassPermanent, Message: fmt.Sprintf("rule %d failed the step", dec.RuleIndex)}
+		d := errorDoc{Class: steps.ClassPermanent, Message: fmt.Sprintf("rule %d failed the step", dec.RuleIndex)}
 		if doc != nil {
 			d = *doc
 		}

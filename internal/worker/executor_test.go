@@ -1,4 +1,4 @@
-package steps_test
+package worker_test
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/internal/worker"
 	"github.com/stepready/stepready/steps"
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
@@ -23,14 +24,14 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 type execBundle struct {
 	db   *pgtest.DB
 	reg  *steps.Registry
-	exec *steps.Executor
+	exec *worker.Executor
 }
 
 func execSetup(t *testing.T) *execBundle {
 	t.Helper()
 	db := pgtest.New(t)
 	reg := steps.NewRegistry()
-	return &execBundle{db: db, reg: reg, exec: &steps.Executor{Pool: db.Pool, Registry: reg, Worker: "w",
+	return &execBundle{db: db, reg: reg, exec: &worker.Executor{Pool: db.Pool, Registry: reg, Worker: "w",
 		Lease: 600 * time.Millisecond, AbandonGrace: 100 * time.Millisecond}}
 }
 
@@ -327,7 +328,7 @@ func TestExecutorRecordsARefusedOutcomeOfABatchAsAContractFailure(t *testing.T) 
 			t.Parallel()
 			b := execSetup(t)
 			ctx := context.Background()
-			b.exec.Recorder = steps.NewBatchRecorder(b.db.Pool, 0, nil)
+			b.exec.Recorder = worker.NewBatchRecorder(b.db.Pool, 0, nil)
 			release := make(chan struct{})
 			b.reg.MustRegister("h", steps.HandlerFunc(func(_ context.Context, s *steps.Step) (any, error) {
 				<-release // every attempt finishes at once: their outcomes meet in a batch

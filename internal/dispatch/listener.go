@@ -1,4 +1,4 @@
-package readiness
+package dispatch
 
 import (
 	"context"
@@ -31,7 +31,7 @@ func (l *Listener) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		l.Logger.Warn("readiness: listener connection lost; reconnecting", slog.Any("error", err),
+		l.Logger.Warn("dispatch: listener connection lost; reconnecting", slog.Any("error", err),
 			slog.Duration("backoff", backoff))
 		t := time.NewTimer(backoff)
 		select {

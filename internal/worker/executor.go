@@ -1,6 +1,7 @@
-package steps
+package worker
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,12 +17,12 @@ import (
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/rules"
+
+	"github.com/stepready/stepready/steps"
 )
 
 // Executor defaults.
 const (
-	// DefaultTimeout is the attempt timeout of a step that sets no timeout_ms.
-	DefaultTimeout = 5 * time.Minute
 	// AbandonGraceDefault is how long a handler may keep running after its context is done before the executor
 	// stops waiting for it and records the attempt as failed.
 	AbandonGraceDefault = 5 * time.Second
@@ -29,9 +30,12 @@ const (
 	recordTimeout = time.Minute
 )
 
-// ErrShutdown is the cancellation cause the daemon gives an attempt's context when it stops before the attempt
-// finished: the attempt is then handed back uncharged instead of being recorded as failed.
-var ErrShutdown = errors.New("stepready: daemon shutting down")
+// attempt is one attempt being run: the step its handler sees, and the attempt's fencing token
+// (store.Started.Token), which every write of the attempt carries and the handler never sees.
+type attempt struct {
+	*steps.Step
+	token int
+}
 
 // errLeaseLost is the cancellation cause when a heartbeat finds the attempt is no longer the running one
 // (cancelled, resolved, reset or reaped): nothing is recorded, the database refuses it anyway.
@@ -48,7 +52,7 @@ type Executor struct {
 	// Pool is the database. Required.
 	Pool *pgxpool.Pool
 	// Registry resolves handler names. Required.
-	Registry *Registry
+	Registry *steps.Registry
 	// Worker is this worker's id, recorded as lease owner. Required.
 	Worker string
 	// Lease is the attempt lease; the heartbeat renews it every Lease/3. Required (> 0).
@@ -146,9 +150,9 @@ func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Starte
 	log := e.attemptLogger(c, st)
 	log.Info("executor: attempt started")
 
-	step := &Step{ID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler, Input: st.Input,
-		Context: st.Context, Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue, Rules: st.Rules,
-		token: st.Token}
+	step := &attempt{Step: &steps.Step{ID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler,
+		Input: st.Input, Context: st.Context, Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue,
+		Rules: st.Rules}, token: st.Token}
 	// A row that breaks the bounds the tables hold (written around their constraints) fails alone, before its
 	// handler runs: its values cannot be used (a timeout no time.Duration holds would wrap to a deadline already
 	// past).
@@ -191,12 +195,12 @@ func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Starte
 // recordQueued hands a plain outcome (a success or a failure of a step without rules) to the Recorder without
 // waiting for its batch, and reports whether it did; finished is then called once the outcome is recorded, in the
 // Recorder's goroutine. Every other outcome (rules, repetitions, releases, lost leases) is left to record.
-func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result,
+func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *attempt, prog *rules.Program, r result,
 	finished func()) bool {
 	if e.Recorder == nil || prog != nil || r.leaseLost || r.released || r.rulesErr != nil || r.unusable != nil {
 		return false
 	}
-	if _, repeat := errors.AsType[*RepeatRequest](r.err); repeat {
+	if _, repeat := errors.AsType[*steps.RepeatRequest](r.err); repeat {
 		return false // a repetition: record works out the outcome and calls continue_step
 	}
 	o := outcomeOf(r, e.maxOutputBytes())
@@ -233,7 +237,7 @@ func (e *Executor) recordQueued(ctx context.Context, log *slog.Logger, step *Ste
 // error is logged. The refusal is recorded right there, holding up the recorder's next batch by one round trip: it
 // is rare, and done there it is finished before the recorder stops (Stop waits for it), so nothing outlives
 // shutdown.
-func (e *Executor) refusedOrUnrecorded(ctx context.Context, log *slog.Logger, step *Step, err error, finished func()) {
+func (e *Executor) refusedOrUnrecorded(ctx context.Context, log *slog.Logger, step *attempt, err error, finished func()) {
 	defer finished()
 	if !refusedForContent(err) {
 		logUnrecorded(log, err)
@@ -271,10 +275,10 @@ type result struct {
 	unusable error
 }
 
-func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout time.Duration) result {
+func (e *Executor) runHandler(ctx, dbCtx context.Context, step *attempt, timeout time.Duration) result {
 	h, ok := e.Registry.Lookup(step.Handler)
 	if !ok {
-		return result{err: &Error{Class: ClassDeterministic, Err: fmt.Errorf(
+		return result{err: &steps.Error{Class: steps.ClassDeterministic, Err: fmt.Errorf(
 			"no handler named %q is registered on worker %s (registered: %v)", step.Handler, e.Worker, e.Registry.Names())}}
 	}
 
@@ -295,7 +299,7 @@ func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout ti
 			}
 			done <- r
 		}()
-		r.output, r.err = h.Handle(hctx, step)
+		r.output, r.err = h.Handle(hctx, step.Step)
 	}()
 
 	var r result
@@ -309,12 +313,12 @@ func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout ti
 		}
 	}
 	// A repetition is a result like a success: a handler that repeats after its context ended keeps it.
-	_, repeated := errors.AsType[*RepeatRequest](r.err)
+	_, repeated := errors.AsType[*steps.RepeatRequest](r.err)
 	failed := (r.err != nil && !repeated) || r.abandoned
 	switch cause := context.Cause(runCtx); {
 	case errors.Is(cause, errLeaseLost):
 		r.leaseLost = true
-	case errors.Is(cause, ErrShutdown) && failed:
+	case errors.Is(cause, steps.ErrShutdown) && failed:
 		// Stopped by shutdown: not the step's fault. A handler that finished anyway keeps its result.
 		r.released = true
 	case errors.Is(hctx.Err(), context.DeadlineExceeded) && failed:
@@ -326,7 +330,7 @@ func (e *Executor) runHandler(ctx, dbCtx context.Context, step *Step, timeout ti
 // heartbeat renews the attempt's lease every Lease/3 until the returned stop is called. A refused heartbeat
 // means the attempt was fenced out (cancelled, resolved, reaped): it cancels the handler with errLeaseLost. It is a
 // timer, not a goroutine: an attempt shorter than Lease/3 (most of them) costs no goroutine and sends nothing.
-func (e *Executor) heartbeat(ctx context.Context, step *Step, cancelRun context.CancelCauseFunc) (stop func()) {
+func (e *Executor) heartbeat(ctx context.Context, step *attempt, cancelRun context.CancelCauseFunc) (stop func()) {
 	interval := e.Lease / 3
 	var mu sync.Mutex
 	stopped := false
@@ -359,7 +363,7 @@ func (e *Executor) heartbeat(ctx context.Context, step *Step, cancelRun context.
 
 // record writes the attempt's outcome, retrying transient database errors on an uncancelled context. prog is
 // the step's compiled rules, nil when it has none.
-func (e *Executor) record(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result) {
+func (e *Executor) record(ctx context.Context, log *slog.Logger, step *attempt, prog *rules.Program, r result) {
 	ctx, cancel := context.WithTimeout(ctx, recordTimeout)
 	defer cancel()
 	err := retryDB(ctx, func() error { return e.recordOnce(ctx, log, step, prog, r) })
@@ -374,7 +378,7 @@ func (e *Executor) record(ctx context.Context, log *slog.Logger, step *Step, pro
 	}
 }
 
-func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *Step, prog *rules.Program, r result) error {
+func (e *Executor) recordOnce(ctx context.Context, log *slog.Logger, step *attempt, prog *rules.Program, r result) error {
 	switch {
 	case r.leaseLost && r.abandoned:
 		// The handler is still running: its slot stays taken until its lease expires.
@@ -490,25 +494,25 @@ func outcomeOf(r result, maxOutput int) attemptOutcome {
 	}
 	switch {
 	case r.panicked != nil:
-		return fail(errorDoc{Class: ClassPermanent, Message: fmt.Sprintf("handler panicked: %v", r.panicked),
+		return fail(errorDoc{Class: steps.ClassPermanent, Message: fmt.Sprintf("handler panicked: %v", r.panicked),
 			Stack: string(r.stack)})
 	case r.abandoned:
-		return fail(errorDoc{Class: ClassTimeout, Message: "handler ignored the end of its context and was abandoned"})
+		return fail(errorDoc{Class: steps.ClassTimeout, Message: "handler ignored the end of its context and was abandoned"})
 	}
-	if rep, ok := errors.AsType[*RepeatRequest](r.err); ok {
+	if rep, ok := errors.AsType[*steps.RepeatRequest](r.err); ok {
 		out, err := encodeJSON("handler output: ", rep.Output)
 		if err != nil {
-			return fail(errorDoc{Class: ClassContractFailure, Message: err.Error()})
+			return fail(errorDoc{Class: steps.ClassContractFailure, Message: err.Error()})
 		}
 		if rep.Delay < 0 {
 			// As for a retry delay (SPEC §4) and continue_step's p_delay_ms: a negative delay is bad input.
-			return fail(errorDoc{Class: ClassContractFailure, Message: fmt.Sprintf(
+			return fail(errorDoc{Class: steps.ClassContractFailure, Message: fmt.Sprintf(
 				"handler requested a negative repeat delay (%s); a delay must be >= 0", rep.Delay)})
 		}
 		plan := &repeatPlan{delay: rep.Delay}
 		if rep.NextInput != nil {
 			if plan.nextInput, err = encodeJSON("", rep.NextInput); err != nil {
-				return fail(errorDoc{Class: ClassContractFailure, Message: "next input: " + err.Error()})
+				return fail(errorDoc{Class: steps.ClassContractFailure, Message: "next input: " + err.Error()})
 			}
 		}
 		return attemptOutcome{output: out, repeat: plan}
@@ -518,16 +522,16 @@ func outcomeOf(r result, maxOutput int) attemptOutcome {
 	}
 	out, err := encodeJSON("handler output: ", r.output)
 	if err != nil {
-		return fail(errorDoc{Class: ClassContractFailure, Message: err.Error()})
+		return fail(errorDoc{Class: steps.ClassContractFailure, Message: err.Error()})
 	}
 	o := attemptOutcome{output: out}
-	if s, ok := r.output.(OutputWithHTTPStatus); ok {
+	if s, ok := r.output.(steps.OutputWithHTTPStatus); ok {
 		o.httpStatus = s.HTTPStatus()
 	}
 	return o
 }
 
-func (e *Executor) fail(ctx context.Context, log *slog.Logger, step *Step, d errorDoc) error {
+func (e *Executor) fail(ctx context.Context, log *slog.Logger, step *attempt, d errorDoc) error {
 	if e.Recorder == nil {
 		return e.failOn(ctx, e.Pool, log, step, d)
 	}
@@ -536,7 +540,7 @@ func (e *Executor) fail(ctx context.Context, log *slog.Logger, step *Step, d err
 	})
 }
 
-func (e *Executor) failOn(ctx context.Context, db store.DBTX, log *slog.Logger, step *Step, d errorDoc) error {
+func (e *Executor) failOn(ctx context.Context, db store.DBTX, log *slog.Logger, step *attempt, d errorDoc) error {
 	return e.failWith(log, d, func(doc json.RawMessage) (store.FailResult, error) {
 		return store.FailStep(ctx, db, step.ID, step.token, doc)
 	})
@@ -596,12 +600,12 @@ type errorDoc struct {
 // error is transient, or timeout when the step's deadline passed. An *Error asking for a negative RetryAfter is
 // a `contract_failure` whose message names the value and keeps the handler's class and message.
 func classify(err error, timedOut bool) errorDoc {
-	d := errorDoc{Class: ClassTransient, Message: err.Error()}
+	d := errorDoc{Class: steps.ClassTransient, Message: err.Error()}
 	if timedOut {
-		d.Class = ClassTimeout
+		d.Class = steps.ClassTimeout
 	}
-	if e, ok := AsError(err); ok {
-		d.Class = e.class()
+	if e, ok := steps.AsError(err); ok {
+		d.Class = cmp.Or(e.Class, steps.ClassTransient)
 		if e.Err != nil {
 			d.Message = e.Err.Error()
 		}
@@ -612,7 +616,7 @@ func classify(err error, timedOut bool) errorDoc {
 			// as such with everything the handler said.
 			d.Message = fmt.Sprintf("handler requested a negative retry delay (%s); a delay must be >= 0. "+
 				"The handler's error (class %s): %s", *e.RetryAfter, d.Class, d.Message)
-			d.Class = ClassContractFailure
+			d.Class = steps.ClassContractFailure
 		case e.RetryAfter != nil:
 			ms := e.RetryAfter.Milliseconds()
 			d.RetryAfterMS = &ms
@@ -625,14 +629,11 @@ func classify(err error, timedOut bool) errorDoc {
 	return d
 }
 
-// MaxOutputBytesDefault is the default of Executor.MaxOutputBytes: 1 MiB.
-const MaxOutputBytesDefault = 1 << 20
-
 // maxOutputBytes is MaxOutputBytes with its default; -1 for no limit.
 func (e *Executor) maxOutputBytes() int {
 	switch {
 	case e.MaxOutputBytes == 0:
-		return MaxOutputBytesDefault
+		return steps.MaxOutputBytesDefault
 	case e.MaxOutputBytes < 0:
 		return -1
 	}
@@ -670,7 +671,7 @@ func (e *Executor) defaultTimeout() time.Duration {
 	if e.DefaultTimeout > 0 {
 		return e.DefaultTimeout
 	}
-	return DefaultTimeout
+	return steps.DefaultTimeout
 }
 
 func (e *Executor) abandonGrace() time.Duration {

@@ -1,4 +1,4 @@
-package readiness_test
+package dispatch_test
 
 import (
 	"context"
@@ -7,7 +7,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/stepready/stepready/readiness"
+	"github.com/stepready/stepready/internal/dispatch"
+	"github.com/stepready/stepready/internal/worker"
 	"github.com/stepready/stepready/steps"
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
@@ -37,9 +38,9 @@ func TestDirectFreesSlotsBeforeRecordingAndBoundsWhatWaits(t *testing.T) {
 
 	reg := steps.NewRegistry()
 	reg.MustRegister("noop", steps.HandlerFunc(func(context.Context, *steps.Step) (any, error) { return nil, nil }))
-	exec := &steps.Executor{Pool: db.Pool, Registry: reg, Worker: "w", Lease: time.Minute}
-	exec.Recorder = steps.NewBatchRecorder(db.Pool, 0, nil)
-	d := readiness.NewDirect(db.Pool, exec, 2, nil)
+	exec := &worker.Executor{Pool: db.Pool, Registry: reg, Worker: "w", Lease: time.Minute}
+	exec.Recorder = worker.NewBatchRecorder(db.Pool, 0, nil)
+	d := dispatch.NewDirect(db.Pool, exec, 2, nil)
 	defer func() {
 		d.Shutdown(context.WithoutCancel(ctx))
 		exec.Recorder.Stop()

@@ -1,4 +1,4 @@
-package steps
+package worker
 
 import (
 	"context"
@@ -10,6 +10,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/stepready/stepready/internal/store"
+
+	"github.com/stepready/stepready/steps"
 )
 
 // refusedForContent reports whether err is the database refusing to record an outcome for what it holds rather
@@ -26,7 +28,7 @@ func refusedForContent(err error) bool {
 // record its outcome with refusal (refusedForContent): the database's message, detail and SQLSTATE are the
 // failure's message, so that last_error says why. The error document holds nothing but that message (sanitised),
 // so the database accepts it.
-func (e *Executor) refused(ctx context.Context, log *slog.Logger, step *Step, refusal error) error {
+func (e *Executor) refused(ctx context.Context, log *slog.Logger, step *attempt, refusal error) error {
 	pgErr, _ := errors.AsType[*pgconn.PgError](refusal)
 	msg := "the database refused to record the attempt's outcome: " + pgErr.Message
 	if pgErr.Detail != "" {
@@ -36,14 +38,14 @@ func (e *Executor) refused(ctx context.Context, log *slog.Logger, step *Step, re
 	log.Warn("executor: the database refused the outcome; the attempt fails as contract_failure",
 		slog.String("sqlstate", pgErr.Code), slog.String("error", pgErr.Message))
 	// Plain fail_step, even with a Recorder: the batch that refused the outcome has already been split.
-	return e.failOn(ctx, e.Pool, log, step, errorDoc{Class: ClassContractFailure, Message: msg, Code: pgErr.Code})
+	return e.failOn(ctx, e.Pool, log, step, errorDoc{Class: steps.ClassContractFailure, Message: msg, Code: pgErr.Code})
 }
 
 // undispatchableDoc is the failure of a step whose claim row cannot be run or dispatched: class deterministic
 // (the row will not change by itself), not retryable.
 func undispatchableDoc(stepName string, cause error) errorDoc {
 	no := false
-	return errorDoc{Class: ClassDeterministic, Retryable: &no,
+	return errorDoc{Class: steps.ClassDeterministic, Retryable: &no,
 		Message: fmt.Sprintf("step %q cannot be dispatched: %v", stepName, cause)}
 }
 

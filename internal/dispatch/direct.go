@@ -1,4 +1,4 @@
-package readiness
+package dispatch
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/internal/worker"
 	"github.com/stepready/stepready/steps"
 )
 
@@ -23,7 +24,7 @@ const claimTimeout = time.Minute
 // running plus outcomes waiting), which bounds what a slow database can pile up.
 type Direct struct {
 	pool     *pgxpool.Pool
-	executor *steps.Executor
+	executor *worker.Executor
 	conc     int
 	worker   string
 	lease    time.Duration
@@ -39,7 +40,7 @@ type Direct struct {
 }
 
 // NewDirect returns a direct dispatcher running at most concurrency attempts of exec at once.
-func NewDirect(pool *pgxpool.Pool, exec *steps.Executor, concurrency int, m *metrics.Metrics) *Direct {
+func NewDirect(pool *pgxpool.Pool, exec *worker.Executor, concurrency int, m *metrics.Metrics) *Direct {
 	work, cancel := context.WithCancelCause(context.Background())
 	return &Direct{pool: pool, executor: exec, conc: concurrency, worker: exec.Worker, lease: exec.Lease,
 		metrics: m, work: work, cancelWork: cancel, freed: make(chan struct{}, 1)}
