@@ -19,9 +19,9 @@ func TestClaimRowsThatDoNotDecodeStandAlone(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	rows, err := db.Pool.Query(t.Context(), `SELECT * FROM (VALUES
-		(1::bigint, 10::bigint, 'a'::text, 'h'::text, '{}'::jsonb, 1, NULL::bigint, 'default'::text, 0, '{}'::jsonb, NULL::jsonb),
-		(2, 20, NULL, 'h', '{}', 3, 1000, 'default', 0, '{}', NULL),
-		(3, 30, 'c', 'h', '{"x": 1}', 1, NULL, 'emails', 2, '{}', '[]')) AS r`)
+		(1::bigint, 10::bigint, 'a'::text, 'h'::text, '{}'::jsonb, 1, 1, NULL::bigint, 'default'::text, 0, '{}'::jsonb, NULL::jsonb),
+		(2, 20, NULL, 'h', '{}', 5, 3, 1000, 'default', 0, '{}', NULL),
+		(3, 30, 'c', 'h', '{"x": 1}', 1, 1, NULL, 'emails', 2, '{}', '[]')) AS r`)
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, scanClaimedStarted)
 	require.NoError(t, err)
@@ -34,6 +34,7 @@ func TestClaimRowsThatDoNotDecodeStandAlone(t *testing.T) {
 	require.EqualError(t, got[1].Check(), "the claim row of step 2 does not decode: no value for name")
 	require.Equal(t, int64(2), got[1].StepID)
 	require.Equal(t, 3, got[1].Started.Attempt, "the attempt is still known: the step can be failed")
+	require.Equal(t, 5, got[1].Started.Token)
 
 	require.NoError(t, got[2].Check())
 	require.Equal(t, "c", got[2].Name)
