@@ -263,7 +263,7 @@ func TestExecutorFailsUncompilableRulesWithoutRunningTheHandler(t *testing.T) {
 // The timeout-message example's rules (examples/policies/timeout-message.yaml) as they are stored.
 func timeoutMessageRules(t *testing.T) string {
 	t.Helper()
-	data, err := os.ReadFile("../examples/policies/timeout-message.yaml")
+	data, err := os.ReadFile("../../examples/policies/timeout-message.yaml")
 	require.NoError(t, err)
 	def, err := templates.ParseDefinition("timeout-message.yaml", data)
 	require.NoError(t, err)
