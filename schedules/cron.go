@@ -62,6 +62,15 @@ func Parse(expr, tz string) (*Spec, error) {
 		return nil, fmt.Errorf("%w: timezone %q: not an IANA time zone name (for example UTC, Europe/Berlin)",
 			ErrInvalid, tz)
 	}
+	// The cron library fires @every at whole seconds: it would silently make @every 500ms fire every second and
+	// @every 2500ms every 2 s. Refuse what it cannot keep.
+	if rest, ok := strings.CutPrefix(expr, "@every "); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		if err == nil && (d < time.Second || d%time.Second != 0) {
+			return nil, fmt.Errorf("%w: cron %q: @every takes whole seconds, at least 1s (fires are whole seconds)",
+				ErrInvalid, expr)
+		}
+	}
 	sched, err := parser.Parse(expr)
 	if err != nil {
 		return nil, fmt.Errorf("%w: cron %q: %w", ErrInvalid, expr, err)
