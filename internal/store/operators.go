@@ -120,7 +120,8 @@ func CheckExecute(ctx context.Context, db DBTX, fn string) error {
 	var grantees []string
 	err := db.QueryRow(ctx, `SELECT has_function_privilege(current_user, $1::regprocedure, 'EXECUTE'),
 			ARRAY(SELECT r.rolname FROM pg_catalog.pg_roles r
-			       WHERE r.rolname LIKE 'stepready\_%' AND has_function_privilege(r.oid, $1::regprocedure, 'EXECUTE')
+			       WHERE r.rolname IN ('stepready_client', 'stepready_worker', 'stepready_operator', 'stepready_reader')
+			         AND has_function_privilege(r.oid, $1::regprocedure, 'EXECUTE')
 			       ORDER BY 1)`, fn).Scan(&ok, &grantees)
 	if err != nil {
 		return fmt.Errorf("store: check the privilege to execute %s: %w", fn, err)
