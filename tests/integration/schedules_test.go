@@ -76,10 +76,3 @@ func TestSchedulePutValidates(t *testing.T) {
 	require.ErrorIs(t, err, schedules.ErrExists)
 	require.NotNil(t, b.get("x").NextFireAt)
 }
-
-func (b *lcBundle) count(table string) int64 {
-	b.t.Helper()
-	var n int64
-	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM `+table).Scan(&n))
-	return n
-}
