@@ -22,7 +22,7 @@ var ErrInvalidDefinition = errors.New("stepready: invalid task definition")
 // outcome rules are compiled and type-checked here first (SQL cannot run CEL); everything else is validated by
 // stepready.create_task, which writes nothing unless the whole definition is valid. An idempotency key already
 // used returns the existing task's id. db is a pool, a connection or a transaction.
-func CreateTask(ctx context.Context, db store.DBTX, definition json.RawMessage) (int64, error) {
+func CreateTask(ctx context.Context, db DBTX, definition json.RawMessage) (int64, error) {
 	if !utf8.Valid(definition) {
 		return 0, fmt.Errorf("%w: definition: not valid UTF-8 (at byte %d)", ErrInvalidDefinition, invalidUTF8At(definition))
 	}
@@ -56,8 +56,8 @@ var (
 )
 
 // CreateTasks creates the tasks of many definitions with stepready.create_tasks (SPEC §12). The result has one
-// entry per definition, in order. Each definition is checked as CreateTask checks one (valid JSON and UTF-8, then
-// the outcome rules compiled), all of them before anything is sent; every error names the definition's 0-based
+// entry per definition, in order. Each definition is checked as CreateTask checks one (UTF-8, then valid JSON
+// and the outcome rules compiled), all of them before anything is sent; every error names the definition's 0-based
 // index: `definitions[3]: steps[1] "load": rules[0].when: …`. Idempotency keys repeated in the input, or already
 // used, return the existing task with Created false. An empty slice creates nothing and returns an empty result.
 // db is a pool, a connection or a transaction.
@@ -69,7 +69,7 @@ var (
 // own: when one fails, the batches before it stay created, and CreateTasks returns their results with the error
 // (nothing of the failing batch or after it is written); creating the same input again with idempotency keys
 // resumes where it stopped.
-func CreateTasks(ctx context.Context, db store.DBTX, definitions []json.RawMessage) ([]Created, error) {
+func CreateTasks(ctx context.Context, db DBTX, definitions []json.RawMessage) ([]Created, error) {
 	if len(definitions) == 0 {
 		return []Created{}, nil
 	}
@@ -110,7 +110,7 @@ func CreateTasks(ctx context.Context, db store.DBTX, definitions []json.RawMessa
 
 // createBatch runs create_tasks on one JSON array of n definitions. The array goes as json.RawMessage: in pgx's
 // exec and simple protocol modes (the ones that work through PgBouncer) a []byte would go as bytea.
-func createBatch(ctx context.Context, db store.DBTX, batch []byte, n int) ([]Created, error) {
+func createBatch(ctx context.Context, db DBTX, batch []byte, n int) ([]Created, error) {
 	rows, err := db.Query(ctx, `SELECT ordinal, task_id, created FROM stepready.create_tasks($1)`,
 		json.RawMessage(batch))
 	if err != nil {

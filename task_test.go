@@ -214,3 +214,26 @@ func TestCreateTasksInBatches(t *testing.T) {
 	require.True(t, again[7].Created)
 	require.Equal(t, 7, count())
 }
+
+// Issue 25: a value River or the Go runtime would refuse later is an invalid definition now, through the library
+// too, naming the step and the field, and nothing is written.
+func TestCreateTaskRefusesValuesBeyondTheBounds(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	for def, want := range map[string]string{
+		`{"name": "t", "steps": [{"name": "a", "handler": "noop", "queue": "Emails"}]}`:  `steps[0] "a": queue: must be a River queue name`,
+		`{"name": "t", "steps": [{"name": "a", "handler": "noop", "timeout_ms": 1e16}]}`: `steps[0] "a": timeout_ms: must be at most 9223372036854 ms`,
+	} {
+		_, err := stepready.CreateTask(ctx, db.Pool, json.RawMessage(def))
+		require.ErrorIs(t, err, stepready.ErrInvalidDefinition)
+		require.ErrorContains(t, err, want)
+		_, err = stepready.CreateTasks(ctx, db.Pool, []json.RawMessage{
+			json.RawMessage(`{"name": "ok", "steps": [{"name": "a", "handler": "noop"}]}`), json.RawMessage(def)})
+		require.ErrorIs(t, err, stepready.ErrInvalidDefinition)
+		require.ErrorContains(t, err, "definitions[1]: "+want)
+	}
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks`).Scan(&n))
+	require.Zero(t, n)
+}

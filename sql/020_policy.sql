@@ -34,6 +34,18 @@ AS $$
     END;
 $$;
 
+-- A JSON integer number of milliseconds in [p_min, _max_duration_ms()] (sql/015_bounds.sql: the longest duration
+-- a Go time.Duration holds); JSON null and absent are fine. The bound's message comes from _duration_problem,
+-- called only for a value beyond it.
+CREATE OR REPLACE FUNCTION stepready._duration_ms_problem(p_value jsonb, p_min bigint)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT COALESCE(stepready._integer_problem(p_value, p_min),
+                    CASE WHEN jsonb_typeof(p_value) = 'number' AND p_value::numeric > 9223372036854
+                         THEN stepready._duration_problem(p_value::numeric, p_min) END);
+$$;
+
 -- A JSON number in [p_min, p_max]; JSON null and absent are fine. Compared as the exact JSON number, so that no
 -- value can overflow (or underflow) on the way: a number too small for a float8 other than 0 is out of range too.
 CREATE OR REPLACE FUNCTION stepready._number_problem(p_value jsonb, p_min float8, p_max float8)
@@ -107,6 +119,22 @@ LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
     v_problem text := stepready._integer_problem(p_value, p_min, p_max);
+BEGIN
+    IF v_problem IS NOT NULL THEN
+        PERFORM stepready._definition_error(p_where, v_problem);
+    END IF;
+    RETURN CASE WHEN jsonb_typeof(p_value) = 'number' THEN p_value::numeric::bigint END;
+END;
+$$;
+
+-- A JSON integer number of milliseconds in [p_min, _max_duration_ms()] (sql/015_bounds.sql), or NULL for JSON
+-- null / absent (the raising form of _duration_ms_problem). Anything else is a definition error.
+CREATE OR REPLACE FUNCTION stepready._json_duration_ms(p_value jsonb, p_where text, p_min bigint)
+RETURNS bigint
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_problem text := stepready._duration_ms_problem(p_value, p_min);
 BEGIN
     IF v_problem IS NOT NULL THEN
         PERFORM stepready._definition_error(p_where, v_problem);
@@ -220,9 +248,9 @@ AS $$
             CASE WHEN p_retry ->> 'backoff' NOT IN ('none', 'fixed', 'linear', 'exponential')
                  THEN format('%s.backoff: unknown strategy "%s" (known: none, fixed, linear, exponential)', p_where,
                              p_retry ->> 'backoff') END,
-            p_where || '.base_delay_ms: ' || stepready._integer_problem(p_retry -> 'base_delay_ms', 0),
+            p_where || '.base_delay_ms: ' || stepready._duration_ms_problem(p_retry -> 'base_delay_ms', 0),
             p_where || '.multiplier: ' || stepready._number_problem(p_retry -> 'multiplier', 1, 1e300),
-            p_where || '.max_delay_ms: ' || stepready._integer_problem(p_retry -> 'max_delay_ms', 0),
+            p_where || '.max_delay_ms: ' || stepready._duration_ms_problem(p_retry -> 'max_delay_ms', 0),
             p_where || '.jitter: ' || stepready._number_problem(p_retry -> 'jitter', 0, 1))
     END;
 $$;
@@ -356,6 +384,23 @@ BEGIN
     END IF;
     IF NEW.attempts < 0 THEN
         PERFORM stepready._definition_error(v_where, format('attempts must be >= 0, got %s', NEW.attempts));
+    END IF;
+    -- What leaves the database for River and the Go runtime stays within what they accept (sql/015_bounds.sql;
+    -- the CHECK constraints of migration 000010 hold the same bounds). Each test is inlined so that a step within
+    -- bounds, the common case, costs no function call.
+    IF char_length(NEW.handler) > 255 THEN
+        PERFORM stepready._bound_check(stepready._name_problem(NEW.handler), v_where, 'handler');
+    END IF;
+    IF NEW.timeout_ms > 9223372036854 OR NEW.base_delay_ms > 9223372036854 OR NEW.max_delay_ms > 9223372036854 THEN
+        PERFORM stepready._bound_check(stepready._duration_problem(NEW.timeout_ms, 1), v_where, 'timeout_ms');
+        PERFORM stepready._bound_check(stepready._duration_problem(NEW.base_delay_ms, 0), v_where, 'base_delay_ms');
+        PERFORM stepready._bound_check(stepready._duration_problem(NEW.max_delay_ms, 0), v_where, 'max_delay_ms');
+    END IF;
+    IF NOT isfinite(NEW.next_attempt_at) THEN
+        PERFORM stepready._bound_check(stepready._instant_problem(NEW.next_attempt_at), v_where, 'next_attempt_at');
+    END IF;
+    IF NEW.queue <> 'default' THEN
+        PERFORM stepready._bound_check(stepready._queue_problem(NEW.queue), v_where, 'queue');
     END IF;
 
     -- An explicit NULL means "not set": fill the documented defaults.

@@ -197,14 +197,17 @@ AS $$
                 ELSE ': name: is required' END;
 $$;
 
--- What is wrong with a step's handler, as the end of a message starting with `steps[i] "name"`.
+-- What is wrong with a step's handler, as the end of a message starting with `steps[i] "name"`: a non-empty
+-- string, at most _max_name_chars() characters (sql/015_bounds.sql: a metric label and a River job field).
 CREATE OR REPLACE FUNCTION stepready._step_handler_problem(p_handler jsonb)
 RETURNS text
 LANGUAGE sql STABLE
 AS $$
-    SELECT CASE WHEN jsonb_typeof(p_handler) = 'string' AND p_handler #>> '{}' <> '' THEN NULL  -- the common case
+    SELECT CASE WHEN jsonb_typeof(p_handler) = 'string' AND p_handler #>> '{}' <> ''
+                     AND char_length(p_handler #>> '{}') <= 255 THEN NULL  -- the common case, first
                 WHEN stepready._text_problem(p_handler) IS NOT NULL THEN ': handler: ' || stepready._text_problem(p_handler)
-                ELSE ': handler: is required' END;
+                WHEN p_handler IS NULL OR jsonb_typeof(p_handler) = 'null' THEN ': handler: is required'
+                ELSE ': handler: ' || stepready._name_problem(p_handler #>> '{}') END;
 $$;
 
 -- What is wrong with the type of a step's depends_on (its names are checked with the other steps), as the end of
@@ -243,7 +246,7 @@ AS $$
                   'max_iterations', 'collect', 'queue', 'priority', 'breaker_limit', 'concurrency', 'rate_limit']),
         p_where || stepready._step_handler_problem(p_step -> 'handler'),
         stepready._retry_problem(p_step -> 'retry', p_where || ': retry', p_presets),
-        p_where || ': timeout_ms: ' || stepready._integer_problem(p_step -> 'timeout_ms', 1),
+        p_where || ': timeout_ms: ' || stepready._duration_ms_problem(p_step -> 'timeout_ms', 1),
         p_where || ': on_exhausted: ' || stepready._text_problem(p_step -> 'on_exhausted'),
         CASE WHEN p_step ->> 'on_exhausted' NOT IN ('fail_task', 'skip', 'skip_cascade')
              THEN format('%s: on_exhausted: must be fail_task, skip or skip_cascade, got %s', p_where,
@@ -254,6 +257,8 @@ AS $$
         CASE WHEN p_step ->> 'collect' NOT IN ('append', 'replace', 'merge')
              THEN format('%s: collect: must be append, replace or merge, got %s', p_where, p_step -> 'collect') END,
         p_where || ': queue: ' || stepready._text_problem(p_step -> 'queue'),
+        -- A River queue name (sql/015_bounds.sql: River refuses a whole InsertManyTx for one bad name).
+        CASE WHEN p_step ->> 'queue' <> 'default' THEN p_where || ': queue: ' || stepready._queue_problem(p_step ->> 'queue') END,
         p_where || ': priority: ' || stepready._integer_problem(p_step -> 'priority', -2147483648, 2147483647),
         p_where || ': breaker_limit: ' || stepready._integer_problem(p_step -> 'breaker_limit', 0, 2147483647),
         -- The step's own flow control, else its task's, with the placeholders of its key resolved.
