@@ -47,7 +47,8 @@ AS $$
 $$;
 
 -- A JSON number in [p_min, p_max]; JSON null and absent are fine. Compared as the exact JSON number, so that no
--- value can overflow (or underflow) on the way: a number too small for a float8 other than 0 is out of range too.
+-- value can overflow on the way; a number other than 0 that a float8 cannot hold (it would round to 0: below
+-- half the smallest subnormal, 4.9e-324) is out of range too, rather than an error of the cast without a field.
 CREATE OR REPLACE FUNCTION stepready._number_problem(p_value jsonb, p_min float8, p_max float8)
 RETURNS text
 LANGUAGE sql STABLE
@@ -55,7 +56,8 @@ AS $$
     SELECT CASE
         WHEN p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN NULL
         WHEN jsonb_typeof(p_value) <> 'number' OR p_value::numeric < p_min::numeric
-             OR p_value::numeric > p_max::numeric OR (p_value::numeric <> 0 AND abs(p_value::numeric) < 1e-300)
+             OR p_value::numeric > p_max::numeric
+             OR (p_value::numeric <> 0 AND abs(p_value::numeric) < 2.4703282292062328e-324)
             THEN format('must be a number between %s and %s, got %s', p_min, p_max, p_value)
     END;
 $$;
