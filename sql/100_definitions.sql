@@ -693,8 +693,8 @@ BEGIN
 
     IF v_ords IS NOT NULL THEN
         -- 5. Their steps and edges, and a notification per task, in one statement. Per task (t): the retry
-        -- fields its steps fall back on (its retry field, else its preset's, else standard's: SPEC §3), its flow
-        -- control, and each step name's position. Per step: its own field, else its preset's, else the task's;
+        -- fields its steps fall back on (its retry field, else its preset's, else standard's: SPEC §3) and its flow
+        -- control. Per step: its own field, else its preset's, else the task's;
         -- flow control (its own, else the task's) with placeholders substituted; pending parents = its
         -- dependencies, all of them just created pending. A definition's steps are read with jsonb_to_recordset
         -- (every field of a step in one pass; JSON null reads as NULL); presets by name, through the primary key.

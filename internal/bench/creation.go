@@ -216,19 +216,22 @@ func loadChains(ctx context.Context, pool *pgxpool.Pool, n int) (time.Time, erro
 	return now, err
 }
 
-// waitAutovacuum waits until autovacuum has analyzed every task table since after (at most limit) and says
-// what it saw, for the figure.
+// waitAutovacuum waits until autovacuum has analyzed every task table since after, and no autovacuum worker is
+// busy in the database any more (at most limit), and says what it saw, for the figure.
 func waitAutovacuum(ctx context.Context, pool *pgxpool.Pool, after time.Time, limit time.Duration) (string, error) {
 	deadline := time.Now().Add(limit)
 	for {
 		var analyzed int
-		if err := pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_user_tables
-			WHERE schemaname = 'stepready' AND relname = ANY ($1) AND last_autoanalyze > $2`, taskTables, after).
-			Scan(&analyzed); err != nil {
+		var busy bool
+		if err := pool.QueryRow(ctx, `SELECT (SELECT count(*) FROM pg_catalog.pg_stat_user_tables
+			WHERE schemaname = 'stepready' AND relname = ANY ($1) AND last_autoanalyze > $2),
+			EXISTS (SELECT 1 FROM pg_catalog.pg_stat_activity
+			         WHERE backend_type = 'autovacuum worker' AND datname = current_database())`, taskTables, after).
+			Scan(&analyzed, &busy); err != nil {
 			return "", err
 		}
-		if analyzed == len(taskTables) {
-			return "autovacuum having analyzed the tables", nil
+		if analyzed == len(taskTables) && !busy {
+			return "autovacuum having analyzed the tables and finished", nil
 		}
 		if time.Now().After(deadline) {
 			return fmt.Sprintf("autovacuum had analyzed %d of the 3 tables after %s", analyzed, limit), nil
