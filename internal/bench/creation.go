@@ -336,7 +336,7 @@ func creationFile(ctx context.Context, env *Env, size Size) ([]Row, error) {
 
 	riverWall, err := riverInsertFast(ctx, env, 4*size.CreationFileChains)
 	if err != nil {
-		return nil, fmt.Errorf("River InsertManyFastTx: %w", err)
+		return nil, fmt.Errorf("the baseline, river InsertManyFastTx: %w", err)
 	}
 	steps := float64(4*size.CreationFileChains) / wall.Seconds()
 	jobs := float64(4*size.CreationFileChains) / riverWall.Seconds()
