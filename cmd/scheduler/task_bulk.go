@@ -274,6 +274,9 @@ func atLine(file string, err error, lines []int, offset int) error {
 		return err
 	}
 	msg = msg[:m[0]] + fmt.Sprintf("definitions[%d]", offset+i) + msg[m[1]:]
+	if lines[i] == 0 {
+		return &lineError{msg: fmt.Sprintf("%s: %s", file, msg), err: err}
+	}
 	return &lineError{msg: fmt.Sprintf("%s:%d: %s", file, lines[i], msg), err: err}
 }
 

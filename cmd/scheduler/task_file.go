@@ -22,7 +22,8 @@ import (
 //     stream for very large inputs).
 // A file that holds a single definition mapping, and nothing else, is a single task (the output names it).
 
-// fileDefinition is one definition of the file: its JSON and the line it starts on.
+// fileDefinition is one definition of the file: its JSON and the line it starts on (0 when not known: in a JSON
+// array or YAML sequence, read whole).
 type fileDefinition struct {
 	json json.RawMessage
 	line int
@@ -77,7 +78,7 @@ func openDefinitionFile(name string) (*definitionFile, error) {
 				return fileDefinition{}, io.EOF
 			}
 			i++
-			return fileDefinition{json: defs[i-1], line: 1}, nil
+			return fileDefinition{json: defs[i-1]}, nil // no line: the array was parsed whole
 		}
 		df.single = !stream
 	default:
