@@ -405,7 +405,7 @@ DECLARE
     v_ord     int;
     v_m       text;
     v_max     bigint;
-    v_presets jsonb := COALESCE(p_presets, stepready._presets());
+    v_presets jsonb := p_presets;
     v_forward int[];
     v_plain   bool;
 BEGIN
@@ -451,6 +451,8 @@ BEGIN
     IF v_plain THEN
         RETURN;
     END IF;
+    -- Plain definitions name no preset: only the full checks need them.
+    v_presets := COALESCE(v_presets, stepready._presets());
 
     -- 1. Size and task-level fields. SPEC §17: a definition over the limit (1 MiB unless the setting
     -- stepready.max_definition_bytes says otherwise) is refused before anything else is looked at.
