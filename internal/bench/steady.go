@@ -7,6 +7,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 
@@ -86,6 +87,7 @@ func steady(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	var firstDone, lastStart, lastDone float64
 	var halfSize, endSize int64
 	var halfRSS, endRSS int64
+	var halfDead vacuumState
 	start := time.Now()
 	next := start
 	halfTaken := false
@@ -106,6 +108,9 @@ func steady(ctx context.Context, env *Env, size Size) ([]Row, error) {
 				return nil, err
 			}
 			halfRSS = selfRSS()
+			if halfDead, err = deadRows(ctx, pool); err != nil {
+				return nil, err
+			}
 		}
 		if lastStart == 0 && elapsed >= size.SteadyRun-window {
 			if lastStart, err = completedAt(); err != nil {
@@ -128,6 +133,10 @@ func steady(ctx context.Context, env *Env, size Size) ([]Row, error) {
 		return nil, err
 	}
 	endRSS = selfRSS()
+	endDead, err := deadRows(ctx, pool)
+	if err != nil {
+		return nil, err
+	}
 	var kept int64
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks`).Scan(&kept); err != nil {
 		return nil, err
@@ -143,10 +152,26 @@ func steady(ctx context.Context, env *Env, size Size) ([]Row, error) {
 		{Scenario: "8 steady state", Figure: fmt.Sprintf("size of tasks + steps + step_events at the end over the half-way mark (%d tasks kept at the end)", kept),
 			Value: mb(endSize), Unit: "MB", Baseline: "half-way", BaseVal: mb(halfSize), Ratio: growth,
 			Target: "<= 1.2", Met: boolp(growth <= 1.2)},
+		{Scenario: "8 steady state", Figure: fmt.Sprintf("dead rows of tasks + steps + step_events at the end (baseline: "+
+			"half-way), %d autovacuum runs of them by the end (%d by half-way): what retention leaves to autovacuum",
+			endDead.vacuums, halfDead.vacuums), Value: float64(endDead.dead), Unit: "rows", Baseline: "half-way",
+			BaseVal: float64(halfDead.dead), Ratio: float64(endDead.dead) / float64(max(halfDead.dead, 1)), Target: "(reported)"},
 		{Scenario: "8 steady state", Figure: "resident set of the process running the daemon, at the end (baseline: half-way)",
 			Value: float64(endRSS) / 1e3, Unit: "MB", Baseline: "half-way", BaseVal: float64(halfRSS) / 1e3,
 			Ratio: float64(endRSS) / float64(max(halfRSS, 1)), Target: "(reported)"},
 	}, nil
+}
+
+// vacuumState is what autovacuum has left and done on the tables of scenario 8.
+type vacuumState struct{ dead, vacuums int64 }
+
+// deadRows reads the dead rows and the autovacuum runs of tasks, steps and step_events.
+func deadRows(ctx context.Context, pool *pgxpool.Pool) (vacuumState, error) {
+	var v vacuumState
+	err := pool.QueryRow(ctx, `SELECT COALESCE(sum(n_dead_tup), 0)::bigint, COALESCE(sum(autovacuum_count), 0)::bigint
+		  FROM pg_catalog.pg_stat_user_tables
+		 WHERE schemaname = 'stepready' AND relname IN ('tasks', 'steps', 'step_events')`).Scan(&v.dead, &v.vacuums)
+	return v, err
 }
 
 // sumCounter adds up the counters of a metric family.
