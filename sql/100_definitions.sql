@@ -613,7 +613,6 @@ DECLARE
     v_ins_ids  bigint[]; -- the task ids actually inserted (ON CONFLICT may skip some)
     v_ords     int[];    -- elements created, ascending
     v_tids     bigint[]; -- their task ids
-    v_toffs    int[];    -- their offsets
     v_lost     text[];
     v_notified bigint;
 BEGIN
@@ -664,9 +663,17 @@ BEGIN
       FROM known;
 
     IF v_new_ords IS NOT NULL THEN
-        -- 4. The tasks, with their step counters (every step starts pending, so unsatisfied). A key taken meanwhile
-        -- by a concurrent creator (committed by now: the insert waited on its index entry) skips its element.
-        WITH ins AS (
+        -- 4. The tasks, with their step counters (every step starts pending, so unsatisfied), their steps and
+        -- edges, and a notification per task, in one statement. A key taken meanwhile by a concurrent creator
+        -- (committed by now: the insert waited on its index entry) skips its element, and its steps with it.
+        --
+        -- Per task (t): the retry fields its steps fall back on (its retry field, else its preset's, else
+        -- standard's: SPEC §3) and its flow control. Per step: its own field, else its preset's, else the task's;
+        -- flow control (its own, else the task's) with placeholders substituted; pending parents = its
+        -- dependencies, all of them just created pending. A definition's steps are read with jsonb_to_recordset
+        -- (every field of a step in one pass; JSON null reads as NULL); presets by name, through the primary key.
+        -- The steps' foreign-key checks run at the end of the statement, when the tasks are in.
+        WITH ins_tasks AS (
             INSERT INTO stepready.tasks (id, name, namespace, context, priority, retry, idempotency_key, run_at,
                                          steps_total, steps_unsatisfied)
             OVERRIDING SYSTEM VALUE
@@ -678,29 +685,7 @@ BEGIN
              CROSS JOIN LATERAL (SELECT p_definitions -> (n.ord - 1) AS d) dd
             ON CONFLICT (idempotency_key) DO NOTHING
             RETURNING id
-        )
-        SELECT array_agg(ins.id ORDER BY ins.id) INTO v_ins_ids FROM ins;
-
-        IF cardinality(v_ins_ids) = cardinality(v_new_ids) THEN
-            v_ords := v_new_ords;
-            v_tids := v_new_ids;
-            v_toffs := v_offs;
-        ELSIF v_ins_ids IS NOT NULL THEN
-            SELECT array_agg(n.ord ORDER BY n.ord), array_agg(n.id ORDER BY n.ord), array_agg(n.off ORDER BY n.ord)
-              INTO v_ords, v_tids, v_toffs
-              FROM unnest(v_new_ords, v_new_ids, v_offs) AS n(ord, id, off)
-             WHERE (SELECT jsonb_object_agg(i::text, true) FROM unnest(v_ins_ids) AS i) ? n.id::text;
-        END IF;
-    END IF;
-
-    IF v_ords IS NOT NULL THEN
-        -- 5. Their steps and edges, and a notification per task, in one statement. Per task (t): the retry
-        -- fields its steps fall back on (its retry field, else its preset's, else standard's: SPEC §3) and its flow
-        -- control. Per step: its own field, else its preset's, else the task's;
-        -- flow control (its own, else the task's) with placeholders substituted; pending parents = its
-        -- dependencies, all of them just created pending. A definition's steps are read with jsonb_to_recordset
-        -- (every field of a step in one pass; JSON null reads as NULL); presets by name, through the primary key.
-        WITH t AS MATERIALIZED (
+        ), t AS MATERIALIZED (
             SELECT u.tid, u.off, dd.d -> 'steps' AS steps, (dd.d ->> 'run_at')::timestamptz AS run_at,
                    COALESCE((dd.d ->> 'priority')::numeric::int, 0) AS priority,
                    COALESCE(NULLIF(dd.d -> 'context', 'null'), '{}') AS context,
@@ -719,13 +704,15 @@ BEGIN
                    COALESCE((tr.r ->> 'jitter')::float8, (tr.p ->> 'jitter')::float8, (sd.p ->> 'jitter')::float8,
                             0) AS jitter,
                    COALESCE(tr.r ->> 'policy', 'standard') AS policy
-              FROM unnest(v_ords, v_tids, v_toffs) AS u(ord, tid, off)
+              FROM unnest(v_new_ords, v_new_ids, v_offs) AS u(ord, tid, off)
              CROSS JOIN LATERAL (SELECT p_definitions -> (u.ord - 1) AS d) dd
              CROSS JOIN LATERAL (SELECT NULLIF(dd.d -> 'retry', 'null') AS r,
                                         CASE WHEN dd.d -> 'retry' ->> 'policy' IS NOT NULL
                                              THEN (SELECT to_jsonb(p) FROM stepready.retry_policies p
                                                     WHERE p.name = dd.d -> 'retry' ->> 'policy') END AS p) tr
              CROSS JOIN (SELECT (SELECT to_jsonb(p) FROM stepready.retry_policies p WHERE p.name = 'standard') AS p) sd
+             -- Only the tasks inserted: with no key in the call, all of them (the lookup is then not made).
+             WHERE NOT v_keyed OR (SELECT jsonb_object_agg(i.id::text, true) FROM ins_tasks i) ? u.tid::text
         ), ins_steps AS (
             INSERT INTO stepready.steps (id, task_id, name, handler, input, max_attempts, retryable, backoff,
                                          base_delay_ms, multiplier, max_delay_ms, jitter, retry_policy,
@@ -782,10 +769,21 @@ BEGIN
         )
         -- Daemons are told (SPEC §6): every task created has a step with no parent, claimable now or at its run_at
         -- (which their wake-up timer must learn).
-        SELECT count(pg_notify('stepready_ready', t.tid::text)) INTO v_notified FROM t;
+        SELECT (SELECT array_agg(i.id ORDER BY i.id) FROM ins_tasks i), count(pg_notify('stepready_ready', t.tid::text))
+          INTO v_ins_ids, v_notified
+          FROM t;
+
+        IF cardinality(v_ins_ids) = cardinality(v_new_ids) THEN
+            v_ords := v_new_ords;
+            v_tids := v_new_ids;
+        ELSIF v_ins_ids IS NOT NULL THEN
+            SELECT array_agg(n.ord ORDER BY n.ord), array_agg(n.id ORDER BY n.ord) INTO v_ords, v_tids
+              FROM unnest(v_new_ords, v_new_ids) AS n(ord, id)
+             WHERE (SELECT jsonb_object_agg(i::text, true) FROM unnest(v_ins_ids) AS i) ? n.id::text;
+        END IF;
     END IF;
 
-    -- 6. One row per element, in input order.
+    -- 5. One row per element, in input order.
     IF NOT v_keyed AND cardinality(v_ords) = jsonb_array_length(p_definitions) THEN
         RETURN QUERY SELECT g.o::int, v_tids[g.o], true FROM generate_series(1, cardinality(v_ords)) AS g(o);
         RETURN;
