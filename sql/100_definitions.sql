@@ -638,7 +638,8 @@ BEGIN
     --
     -- 3. Ids for the elements to create, drawn here and handed out in ascending order: a task's follows its
     -- element's position, a step's its position in its definition (internal/store relies on it). Whatever ON
-    -- CONFLICT skips below, each id is known to belong to its element.
+    -- CONFLICT skips below, each id is known to belong to its element. (The identity sequences are named in the
+    -- query, resolved once when it is planned: pg_get_serial_sequence would read pg_depend at every call.)
     WITH e AS MATERIALIZED (
         SELECT x.ord::int AS ord, x.d ->> 'idempotency_key' AS key, jsonb_array_length(x.d -> 'steps') AS len
           FROM jsonb_array_elements(p_definitions) WITH ORDINALITY AS x(d, ord)
@@ -654,10 +655,10 @@ BEGIN
     SELECT known.j, known.keyed, (SELECT array_agg(o.ord ORDER BY o.ord) FROM o),
            (SELECT array_agg(o.off ORDER BY o.ord) FROM o),
            (SELECT array_agg(x.id ORDER BY x.id)
-              FROM (SELECT nextval((SELECT pg_get_serial_sequence('stepready.tasks', 'id')::regclass)) AS id
+              FROM (SELECT nextval('stepready.tasks_id_seq'::regclass) AS id
                       FROM generate_series(1, (SELECT count(*) FROM o)::int)) x),
            (SELECT array_agg(x.id ORDER BY x.id)
-              FROM (SELECT nextval((SELECT pg_get_serial_sequence('stepready.steps', 'id')::regclass)) AS id
+              FROM (SELECT nextval('stepready.steps_id_seq'::regclass) AS id
                       FROM generate_series(1, (SELECT COALESCE(sum(o.len), 0) FROM o)::int)) x)
       INTO v_known, v_keyed, v_new_ords, v_offs, v_new_ids, v_sids
       FROM known;
