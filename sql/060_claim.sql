@@ -1,4 +1,5 @@
--- Claiming ready steps (SPEC §6). Safe across any number of concurrent claimers.
+-- Claiming ready steps (SPEC §6). Safe across any number of concurrent claimers. The flow control a keyed group
+-- gets (SPEC §14) is in 048_flow_claim.sql.
 
 -- Picks and locks up to p_limit ready steps, in claim order: task priority desc, step priority desc, then within
 -- one (task priority, step priority) group round-robin across fairness keys (SPEC §14: steps without a key form
@@ -17,7 +18,8 @@
 -- and a row another claimer already moved on fails the re-checked WHERE clause, so concurrent claimers get
 -- disjoint sets. The whole readiness rule is checked on the locked row: task_held stands for the task's status and
 -- pause (kept in step with the task in the same transaction by triggers), and retry eligibility is tested here.
--- Flow limits are checked by _claim_flow_group under the lock of each key's flow_state row.
+-- A group with keyed rows is claimed by _claim_flow_group (048_flow_claim.sql): round-robin across its keys, each
+-- key's limits checked under the lock of its flow_state row.
 DROP FUNCTION IF EXISTS stepready._claim_pick(int, timestamptz); -- before it returned the ids only
 CREATE OR REPLACE FUNCTION stepready._claim_pick_rows(p_limit int, p_as_of timestamptz,
                                                       OUT p_ids bigint[], OUT p_states text[])
