@@ -7,17 +7,22 @@ import (
 	"log/slog"
 	"sync"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/internal/dispatch"
+	"github.com/stepready/stepready/internal/maintenance"
 	"github.com/stepready/stepready/internal/metrics"
-	"github.com/stepready/stepready/readiness"
-	"github.com/stepready/stepready/schedules"
-	"github.com/stepready/stepready/steps"
+	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/internal/worker"
 )
 
-// service is a started client: the poller, the listener, the reaper, the schedule leader and a dispatcher.
+// service is a started client: the poller, the listener, the maintenance services and a dispatcher.
 type service struct {
-	cancelFetch context.CancelFunc // stops claiming, listening and reaping
+	cancelFetch context.CancelFunc // stops claiming and listening
 	fetchWG     sync.WaitGroup
+	maintainer  *maintenance.Maintainer
 	shutdown    func(context.Context) error // drains the dispatcher
+	ownPool     *pgxpool.Pool               // the pool opened for poll-only (poolerPool), closed last; or nil
 	stopped     chan struct{}
 	stopOnce    sync.Once
 	stopErr     error
@@ -41,19 +46,47 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	cfg := c.cfg
 	log := cfg.Logger
+	svc := &service{stopped: make(chan struct{})}
+	pool := c.pool
+	if cfg.PollOnly {
+		var err error
+		if svc.ownPool, err = poolerPool(ctx, c.pool, log); err != nil {
+			return err
+		}
+		if svc.ownPool != nil {
+			pool = svc.ownPool
+		}
+	}
+	started := false
+	defer func() {
+		if !started && svc.ownPool != nil {
+			svc.ownPool.Close()
+		}
+	}()
 	m := metrics.New(cfg.Metrics)
-	exec := &steps.Executor{Pool: c.pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
+	maintainer, err := maintenance.New(maintenance.Config{
+		Env:              maintenance.Env{Pool: pool, Logger: log, Metrics: m},
+		LeaseReaper:      maintenance.LeaseReaperConfig{Interval: cfg.ReapInterval},
+		TaskPruner:       maintenance.TaskPrunerConfig{Interval: cfg.PruneInterval, RetentionComplete: cfg.RetentionComplete, RetentionFailed: cfg.RetentionFailed},
+		FlowKeyPruner:    maintenance.FlowKeyPrunerConfig{Interval: cfg.PruneInterval},
+		ScheduleEnqueuer: maintenance.ScheduleEnqueuerConfig{Interval: cfg.ScheduleInterval},
+		BacklogExporter:  maintenance.BacklogExporterConfig{Interval: cfg.BacklogInterval},
+	})
+	if err != nil {
+		return fmt.Errorf("stepready: %w", err)
+	}
+	exec := &worker.Executor{Pool: pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
 		DefaultTimeout: cfg.DefaultTimeout, MaxOutputBytes: cfg.MaxOutputBytes, Logger: log, Metrics: m}
 
 	// Outcomes are recorded in batches (complete_steps, fail_steps); River's workers, which receive their steps
 	// one job at a time, also start them in batches (start_steps). The batchers stop after the dispatcher has
 	// drained, so every outcome of a worker that returned is recorded.
-	exec.Recorder = steps.NewBatchRecorder(c.pool, steps.BatchMaxDefault, log)
-	svc := &service{stopped: make(chan struct{})}
-	var disp readiness.Dispatcher
+	exec.Recorder = worker.NewBatchRecorder(pool, worker.BatchMaxDefault, log)
+	svc.maintainer = maintainer
+	var disp dispatch.Dispatcher
 	switch cfg.Dispatch {
 	case DispatchDirect:
-		d := readiness.NewDirect(c.pool, exec, cfg.Concurrency, m)
+		d := dispatch.NewDirect(pool, exec, cfg.Concurrency, m)
 		disp = d
 		svc.shutdown = func(ctx context.Context) error {
 			d.Shutdown(ctx)
@@ -61,13 +94,13 @@ func (c *Client) Start(ctx context.Context) error {
 			return nil
 		}
 	default:
-		exec.Starter = steps.NewBatchStarter(c.pool, cfg.WorkerID, cfg.Lease, steps.BatchMaxDefault, log)
+		exec.Starter = worker.NewBatchStarter(pool, cfg.WorkerID, cfg.Lease, worker.BatchMaxDefault, log)
 		stopBatchers := func() {
 			exec.Starter.Stop()
 			exec.Recorder.Stop()
 		}
-		r, err := readiness.NewRiver(readiness.RiverConfig{Pool: c.pool, Executor: exec,
-			Concurrency: cfg.Concurrency, PollOnly: cfg.PollOnly, Logger: log, Metrics: m})
+		r, err := dispatch.NewRiver(dispatch.RiverConfig{Pool: pool, Executor: exec,
+			Concurrency: cfg.Concurrency, PollOnly: cfg.PollOnly, PollInterval: cfg.PollInterval, Logger: log, Metrics: m})
 		if err != nil {
 			stopBatchers()
 			return err
@@ -97,28 +130,48 @@ func (c *Client) Start(ctx context.Context) error {
 		}()
 	}
 	if !cfg.PollOnly {
-		l := &readiness.Listener{ConnConfig: c.pool.Config().ConnConfig.Copy(), Wake: wake, Logger: log}
+		l := &dispatch.Listener{ConnConfig: pool.Config().ConnConfig.Copy(), Wake: wake, Logger: log}
 		run("listener", l.Run)
 	}
-	p := &readiness.Poller{DB: c.pool, Dispatcher: disp, Wake: wake, PollInterval: cfg.PollInterval, Logger: log}
+	p := &dispatch.Poller{DB: pool, Dispatcher: disp, Wake: wake, PollInterval: cfg.PollInterval, Logger: log}
 	if cfg.Dispatch == DispatchDirect {
 		// Two batches in flight: one is claimed while the other runs and is recorded.
 		p.ClaimMax = max((cfg.Concurrency+1)/2, 1)
 	}
 	run("poller", p.Run)
-	rp := &readiness.Reaper{Pool: c.pool, Interval: cfg.ReapInterval, Logger: log, Metrics: m}
-	run("reaper", rp.Run)
-	pr := &readiness.Pruner{Pool: c.pool, Interval: cfg.PruneInterval, RetentionComplete: cfg.RetentionComplete,
-		RetentionFailed: cfg.RetentionFailed, Logger: log, Metrics: m}
-	run("pruner", pr.Run)
-	sl := &schedules.Leader{Pool: c.pool, Logger: log, Metrics: schedules.NewMetrics(cfg.Metrics)}
-	run("schedule leader", sl.Run)
+	if err := maintainer.Start(fetchCtx); err != nil {
+		cancel()
+		svc.fetchWG.Wait()
+		_ = svc.shutdown(ctx)
+		return fmt.Errorf("stepready: start maintenance: %w", err)
+	}
 
 	c.svc = svc
+	started = true
 	log.Info("stepready: client started", slog.String("worker", cfg.WorkerID), slog.String("dispatch", cfg.Dispatch),
 		slog.Int("concurrency", cfg.Concurrency), slog.Duration("lease", cfg.Lease),
-		slog.Bool("poll_only", cfg.PollOnly))
+		slog.Bool("poll_only", cfg.PollOnly),
+		slog.String("query_exec_mode", pool.Config().ConnConfig.DefaultQueryExecMode.String()))
 	return nil
+}
+
+// poolerPool returns, for Config.PollOnly, a pool that works through a transaction pooler: nil when pool
+// already does (its URL names default_query_exec_mode, or its configuration sets a mode other than pgx's
+// default), else a new pool with pool's configuration (its connection string, limits and hooks) in
+// store.PoolerQueryExecMode. The client uses it for everything, River's client included, and closes it
+// when it stops; pool stays the caller's.
+func poolerPool(ctx context.Context, pool *pgxpool.Pool, log *slog.Logger) (*pgxpool.Pool, error) {
+	cfg := pool.Config()
+	if !store.UsePoolerQueryMode(cfg.ConnConfig) {
+		return nil, nil
+	}
+	own, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("stepready: poll-only: open a pool in query mode %s: %w", store.PoolerQueryExecMode, err)
+	}
+	log.Info("stepready: poll-only: the client's queries prepare no named statement, on a pool of its own",
+		slog.String("query_exec_mode", store.PoolerQueryExecMode.String()))
+	return own, nil
 }
 
 // Stop shuts the client down gracefully: it stops claiming, lets running attempts finish for up to
@@ -138,9 +191,13 @@ func (c *Client) Stop(ctx context.Context) error {
 			slog.Duration("grace", c.cfg.ShutdownGrace))
 		svc.cancelFetch()
 		svc.fetchWG.Wait()
-		grace, cancel := context.WithTimeout(ctx, c.cfg.ShutdownGrace)
+		svc.maintainer.Stop()
+		grace, cancel := context.WithTimeout(ctx, max(c.cfg.ShutdownGrace, 0))
 		defer cancel()
 		svc.stopErr = svc.shutdown(grace)
+		if svc.ownPool != nil {
+			svc.ownPool.Close()
+		}
 		log.Info("stepready: client stopped")
 		close(svc.stopped)
 	})

@@ -89,17 +89,20 @@ func oneOf(names ...string) func(v any, _ map[string]preset) bool {
 	return func(v any, _ map[string]preset) bool { return slices.Contains(names, v.(string)) }
 }
 
+// maxDurationMS is the bound of every duration of a definition (issue 25): the longest Go time.Duration, in ms.
+const maxDurationMS = math.MaxInt64 / 1_000_000
+
 // stepSettings is the order of FuzzCreateTaskStep's arguments and of the bits of present.
 var stepSettings = []stepSetting{
 	{"policy", func(v any, p map[string]preset) bool { _, ok := p[v.(string)]; return ok }},
 	{"max_attempts", intIn(0, math.MaxInt32)},
 	{"retryable", func(any, map[string]preset) bool { return true }},
 	{"backoff", oneOf("none", "fixed", "linear", "exponential")},
-	{"base_delay_ms", intIn(0, math.MaxInt64)},
+	{"base_delay_ms", intIn(0, maxDurationMS)},
 	{"multiplier", func(v any, _ map[string]preset) bool { return v.(float64) >= 1 && v.(float64) <= 1e300 }},
-	{"max_delay_ms", intIn(0, math.MaxInt64)},
+	{"max_delay_ms", intIn(0, maxDurationMS)},
 	{"jitter", func(v any, _ map[string]preset) bool { return v.(float64) >= 0 && v.(float64) <= 1 }},
-	{"timeout_ms", intIn(1, math.MaxInt64)},
+	{"timeout_ms", intIn(1, maxDurationMS)},
 	{"breaker_limit", intIn(0, math.MaxInt32)},
 	{"on_exhausted", oneOf("fail_task", "skip", "skip_cascade")},
 	{"collect", oneOf("append", "replace", "merge")},

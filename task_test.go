@@ -9,6 +9,8 @@ import (
 	"testing"
 
 	"cel.dev/cel-go/cel"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready"
@@ -120,4 +122,53 @@ func TestCreateTasks(t *testing.T) {
 	var n int
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks`).Scan(&n))
 	require.Equal(t, 2, n, "only the first call's two tasks")
+}
+
+// TestCreateTaskInEveryQueryMode: CreateTask and CreateTasks work whatever pgx query mode the caller's pool uses,
+// including exec and simple_protocol, the modes that work through a transaction pooler (PgBouncer), which send
+// a []byte parameter as bytea.
+func TestCreateTaskInEveryQueryMode(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	for _, mode := range []pgx.QueryExecMode{pgx.QueryExecModeCacheStatement, pgx.QueryExecModeCacheDescribe,
+		pgx.QueryExecModeDescribeExec, pgx.QueryExecModeExec, pgx.QueryExecModeSimpleProtocol} {
+		t.Run(mode.String(), func(t *testing.T) {
+			pool := db.NewPool(t, func(cfg *pgxpool.Config) { cfg.ConnConfig.DefaultQueryExecMode = mode })
+			def := json.RawMessage(`{"name": "` + mode.String() + `", "steps": [{"name": "a", "handler": "h"}]}`)
+			id, err := stepready.CreateTask(ctx, pool, def)
+			require.NoError(t, err)
+			require.Positive(t, id)
+			got, err := stepready.CreateTasks(ctx, pool, []json.RawMessage{def, def})
+			require.NoError(t, err)
+			require.Len(t, got, 2)
+			var names int
+			require.NoError(t, pool.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks WHERE name = $1`,
+				mode.String()).Scan(&names))
+			require.Equal(t, 3, names)
+		})
+	}
+}
+
+// Issue 25: a value River or the Go runtime would refuse later is an invalid definition now, through the library
+// too, naming the step and the field, and nothing is written.
+func TestCreateTaskRefusesValuesBeyondTheBounds(t *testing.T) {
+	t.Parallel()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	for def, want := range map[string]string{
+		`{"name": "t", "steps": [{"name": "a", "handler": "noop", "queue": "Emails"}]}`:  `steps[0] "a": queue: must be a River queue name`,
+		`{"name": "t", "steps": [{"name": "a", "handler": "noop", "timeout_ms": 1e16}]}`: `steps[0] "a": timeout_ms: must be at most 9223372036854 ms`,
+	} {
+		_, err := stepready.CreateTask(ctx, db.Pool, json.RawMessage(def))
+		require.ErrorIs(t, err, stepready.ErrInvalidDefinition)
+		require.ErrorContains(t, err, want)
+		_, err = stepready.CreateTasks(ctx, db.Pool, []json.RawMessage{
+			json.RawMessage(`{"name": "ok", "steps": [{"name": "a", "handler": "noop"}]}`), json.RawMessage(def)})
+		require.ErrorIs(t, err, stepready.ErrInvalidDefinition)
+		require.ErrorContains(t, err, "definitions[1]: "+want)
+	}
+	var n int
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks`).Scan(&n))
+	require.Zero(t, n)
 }

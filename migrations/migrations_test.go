@@ -127,13 +127,14 @@ func TestDownBySteps(t *testing.T) {
 	after, err := migrations.Status(ctx, db.URL)
 	require.NoError(t, err)
 	require.Equal(t, previousVersion(t, before.Latest), after.Version)
-	require.Zero(t, after.RiverVersion, "River goes completely whatever the steps")
+	require.Equal(t, before.RiverVersion, after.RiverVersion, "a one-version rollback keeps River's tables")
 
-	// More steps than versions goes to zero without failing.
+	// More steps than versions goes to zero without failing, River's tables with it.
 	require.NoError(t, migrations.Down(ctx, db.URL, nil, int(before.Latest)+5))
 	after, err = migrations.Status(ctx, db.URL)
 	require.NoError(t, err)
 	require.Zero(t, after.Version)
+	require.Zero(t, after.RiverVersion, "River's tables go with the last stepready version")
 }
 
 func TestDirtyVersionBlocksUpUntilForced(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 )
 
 // Do names what a matching rule makes of the attempt. The values are the spellings of the `do` field.
@@ -196,14 +197,14 @@ func parseAction(i int, at, text string, raw json.RawMessage) (Action, error) {
 			a.MaxAttempts = &m
 		case "base_delay_ms":
 			var n int64
-			n, err = jsonInt(v, math.MaxInt64)
+			n, err = jsonDurationMS(v)
 			a.BaseDelayMS = &n
 		case "max_delay_ms":
 			var n int64
-			n, err = jsonInt(v, math.MaxInt64)
+			n, err = jsonDurationMS(v)
 			a.MaxDelayMS = &n
 		case "delay_ms":
-			a.DelayMS, err = jsonInt(v, math.MaxInt64)
+			a.DelayMS, err = jsonDurationMS(v)
 		case "backoff":
 			if json.Unmarshal(v, &a.Backoff) != nil || !slices.Contains(backoffs, a.Backoff) {
 				err = fmt.Errorf("must be one of %s, got %s", strings.Join(backoffs, ", "), v)
@@ -227,6 +228,21 @@ func parseAction(i int, at, text string, raw json.RawMessage) (Action, error) {
 		}
 	}
 	return a, nil
+}
+
+// maxDurationMS is the longest delay a rule may give, in milliseconds: the largest whole number of milliseconds a
+// time.Duration holds (about 292 years), the bound every *_ms duration of a definition has (docs/tables.md). A
+// longer one would make fail_step's or continue_step's time arithmetic overflow, and the outcome unrecordable.
+const maxDurationMS = math.MaxInt64 / int64(time.Millisecond)
+
+// jsonDurationMS reads a JSON integer number of milliseconds in [0, maxDurationMS].
+func jsonDurationMS(v json.RawMessage) (int64, error) {
+	n, err := jsonInt(v, math.MaxInt64)
+	if err == nil && n > maxDurationMS {
+		return 0, fmt.Errorf("must be at most %d ms (the longest duration a Go time.Duration holds, about 292 "+
+			"years), got %s", maxDurationMS, v)
+	}
+	return n, err
 }
 
 // jsonInt reads a JSON integer in [0, limit]. 3.0 is accepted (JSON does not distinguish), 3.5 is not.

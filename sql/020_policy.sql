@@ -36,6 +36,22 @@ BEGIN
 END;
 $$;
 
+-- A JSON integer number of milliseconds in [p_min, _max_duration_ms()] (sql/015_bounds.sql), or NULL for JSON
+-- null / absent. Anything else is a definition error.
+CREATE OR REPLACE FUNCTION stepready._json_duration_ms(p_value jsonb, p_where text, p_min bigint)
+RETURNS bigint
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    v bigint := stepready._json_integer(p_value, p_where, p_min);
+BEGIN
+    IF v > 9223372036854 THEN
+        PERFORM stepready._definition_error(p_where, stepready._duration_problem(v, p_min));
+    END IF;
+    RETURN v;
+END;
+$$;
+
 -- A JSON number in [p_min, p_max], or NULL for JSON null / absent.
 CREATE OR REPLACE FUNCTION stepready._json_number(p_value jsonb, p_where text, p_min float8, p_max float8)
 RETURNS float8
@@ -143,9 +159,9 @@ BEGIN
         PERFORM stepready._definition_error(p_where || '.backoff',
             format('unknown strategy "%s" (known: none, fixed, linear, exponential)', v_backoff));
     END IF;
-    PERFORM stepready._json_integer(p_retry -> 'base_delay_ms', p_where || '.base_delay_ms', 0);
+    PERFORM stepready._json_duration_ms(p_retry -> 'base_delay_ms', p_where || '.base_delay_ms', 0);
     PERFORM stepready._json_number(p_retry -> 'multiplier', p_where || '.multiplier', 1, 1e300);
-    PERFORM stepready._json_integer(p_retry -> 'max_delay_ms', p_where || '.max_delay_ms', 0);
+    PERFORM stepready._json_duration_ms(p_retry -> 'max_delay_ms', p_where || '.max_delay_ms', 0);
     PERFORM stepready._json_number(p_retry -> 'jitter', p_where || '.jitter', 0, 1);
     RETURN p_retry;
 END;
@@ -256,6 +272,23 @@ BEGIN
     END IF;
     IF NEW.attempts < 0 THEN
         PERFORM stepready._definition_error(v_where, format('attempts must be >= 0, got %s', NEW.attempts));
+    END IF;
+    -- What leaves the database for River and the Go runtime stays within what they accept (sql/015_bounds.sql;
+    -- the CHECK constraints of migration 000010 hold the same bounds). Each test is inlined so that a step within
+    -- bounds, the common case, costs no function call.
+    IF char_length(NEW.handler) > 255 THEN
+        PERFORM stepready._bound_check(stepready._name_problem(NEW.handler), v_where, 'handler');
+    END IF;
+    IF NEW.timeout_ms > 9223372036854 OR NEW.base_delay_ms > 9223372036854 OR NEW.max_delay_ms > 9223372036854 THEN
+        PERFORM stepready._bound_check(stepready._duration_problem(NEW.timeout_ms, 1), v_where, 'timeout_ms');
+        PERFORM stepready._bound_check(stepready._duration_problem(NEW.base_delay_ms, 0), v_where, 'base_delay_ms');
+        PERFORM stepready._bound_check(stepready._duration_problem(NEW.max_delay_ms, 0), v_where, 'max_delay_ms');
+    END IF;
+    IF NOT isfinite(NEW.next_attempt_at) THEN
+        PERFORM stepready._bound_check(stepready._instant_problem(NEW.next_attempt_at), v_where, 'next_attempt_at');
+    END IF;
+    IF NEW.queue <> 'default' THEN
+        PERFORM stepready._bound_check(stepready._queue_problem(NEW.queue), v_where, 'queue');
     END IF;
 
     -- An explicit NULL means "not set": fill the documented defaults.

@@ -93,11 +93,16 @@ BEGIN
         PERFORM stepready._definition_error(p_where || ': limit', 'is required');
     END IF;
     IF p_kind = 'rate_limit'
-       AND stepready._json_integer(p_value -> 'period_ms', p_where || ': period_ms', 1) IS NULL THEN
+       AND stepready._json_duration_ms(p_value -> 'period_ms', p_where || ': period_ms', 1) IS NULL THEN
         PERFORM stepready._definition_error(p_where || ': period_ms', 'is required');
     END IF;
+    -- The key as it will be stored (sql/015_bounds.sql): substituted when the context and input are known, else
+    -- checked as written when it has no placeholder.
     IF p_context IS NOT NULL THEN
-        PERFORM stepready._flow_resolve_key(p_value ->> 'key', p_context, p_input, p_where || ': key');
+        PERFORM stepready._bound_check(stepready._name_problem(
+            stepready._flow_resolve_key(p_value ->> 'key', p_context, p_input, p_where || ': key')), p_where, 'key');
+    ELSIF strpos(p_value ->> 'key', '${') = 0 THEN
+        PERFORM stepready._bound_check(stepready._name_problem(p_value ->> 'key'), p_where, 'key');
     END IF;
 END;
 $$;
@@ -132,6 +137,11 @@ BEGIN
         PERFORM stepready._definition_error(p_where,
             format('rate_period_ms must be >= 1, got %s', s.rate_period_ms));
     END IF;
+    -- Bounds of sql/015_bounds.sql: a key is a B-tree entry of flow_state and of steps_in_flight_key_idx, and a
+    -- period beyond a Go duration overflows the token bucket's arithmetic at every claim of the key.
+    PERFORM stepready._bound_check(stepready._name_problem(s.concurrency_key), p_where, 'concurrency_key');
+    PERFORM stepready._bound_check(stepready._name_problem(s.rate_key), p_where, 'rate_key');
+    PERFORM stepready._bound_check(stepready._duration_problem(s.rate_period_ms, 1), p_where, 'rate_period_ms');
 END;
 $$;
 
@@ -147,8 +157,11 @@ CREATE OR REPLACE FUNCTION stepready._flow_tokens(p_tat timestamptz, p_limit int
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 DECLARE
-    v_t   numeric := p_period_ms * 1000.0 / p_limit;        -- emission interval, µs
-    v_tol numeric := p_period_ms * 1000.0 - v_t;            -- tolerance, µs
+    -- The period and limit are within the bounds the tables hold (sql/015_bounds.sql); they are clamped to them
+    -- here as well, so that a row written around the constraints cannot make every claim's arithmetic overflow.
+    v_per numeric := LEAST(p_period_ms, 9223372036854) * 1000.0;
+    v_t   numeric := v_per / GREATEST(p_limit, 1);          -- emission interval, µs
+    v_tol numeric := v_per - v_t;                           -- tolerance, µs
     v_now numeric := extract(epoch FROM p_as_of) * 1000000;
     v_tat numeric := GREATEST(COALESCE(extract(epoch FROM p_tat) * 1000000, v_now), v_now);
 BEGIN
@@ -174,8 +187,8 @@ RETURNS timestamptz
 LANGUAGE sql IMMUTABLE
 AS $$
     SELECT CASE WHEN n.at > p_as_of THEN n.at END
-      FROM (SELECT p_tat - floor(p_period_ms * 1000.0 - p_period_ms * 1000.0 / p_limit) * interval '1 microsecond'
-                   AS at) n;
+      FROM (SELECT p_tat - floor(p.per - p.per / GREATEST(p_limit, 1)) * interval '1 microsecond' AS at
+              FROM (SELECT LEAST(p_period_ms, 9223372036854) * 1000.0 AS per) p) n; -- clamped as in _flow_tokens
 $$;
 
 -- Tokens left in a rate key's bucket at p_as_of (fractional: the refill is continuous).
@@ -185,7 +198,8 @@ RETURNS float8
 LANGUAGE sql IMMUTABLE
 AS $$
     SELECT CASE WHEN p_tat IS NULL OR p_tat <= p_as_of THEN p_limit::float8
-                ELSE GREATEST(0, p_limit - extract(epoch FROM p_tat - p_as_of) * 1000 * p_limit / p_period_ms)
+                ELSE GREATEST(0, p_limit - extract(epoch FROM p_tat - p_as_of) * 1000 * p_limit
+                                           / LEAST(GREATEST(p_period_ms, 1), 9223372036854))
            END;
 $$;
 
@@ -304,6 +318,10 @@ BEGIN
         RAISE EXCEPTION 'flow key "%": rate limit and period must be >= 1, got % per % ms', p_key, p_rate_limit,
             p_rate_period_ms USING ERRCODE = '22023';
     END IF;
+    -- The bounds of sql/015_bounds.sql, also CHECK constraints of flow_limits (plain INSERTs).
+    PERFORM stepready._bound_check(stepready._name_problem(p_key), 'flow_limits', 'key');
+    PERFORM stepready._bound_check(stepready._duration_problem(p_rate_period_ms, 1), format('flow key "%s"', p_key),
+                                   'period');
     INSERT INTO stepready.flow_limits AS l (key, concurrency_limit, rate_limit, rate_period_ms)
     VALUES (p_key, p_concurrency_limit, p_rate_limit, p_rate_period_ms)
     ON CONFLICT (key) DO UPDATE

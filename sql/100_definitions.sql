@@ -66,6 +66,7 @@ DECLARE
     v_n      int;
     v_w      text;
     v_name   text;
+    v_qname  text;
     v_index  jsonb := '{}';  -- step name → 0-based position
     -- Kahn's algorithm over positions (1-based in the arrays).
     v_indeg  int[];
@@ -125,8 +126,15 @@ BEGIN
         IF stepready._json_text(v_st -> 'handler', v_w || ': handler') IS NULL THEN
             PERFORM stepready._definition_error(v_w || ': handler', 'is required');
         END IF;
+        -- Bounds of what reaches River and the Go runtime (sql/015_bounds.sql), each behind an inline test: a step
+        -- within them costs no function call.
+        IF char_length(v_st ->> 'handler') > 255 THEN
+            PERFORM stepready._bound_check(stepready._name_problem(v_st ->> 'handler'), v_w, 'handler');
+        END IF;
         PERFORM stepready._validate_retry(v_st -> 'retry', v_w || ': retry');
-        PERFORM stepready._json_integer(v_st -> 'timeout_ms', v_w || ': timeout_ms', 1);
+        IF stepready._json_integer(v_st -> 'timeout_ms', v_w || ': timeout_ms', 1) > 9223372036854 THEN
+            PERFORM stepready._json_duration_ms(v_st -> 'timeout_ms', v_w || ': timeout_ms', 1);
+        END IF;
         IF COALESCE(stepready._json_text(v_st -> 'on_exhausted', v_w || ': on_exhausted'), 'fail_task')
            NOT IN ('fail_task', 'skip', 'skip_cascade') THEN
             PERFORM stepready._definition_error(v_w || ': on_exhausted',
@@ -139,7 +147,10 @@ BEGIN
             PERFORM stepready._definition_error(v_w || ': collect',
                 format('must be append, replace or merge, got %s', v_st -> 'collect'));
         END IF;
-        PERFORM stepready._json_text(v_st -> 'queue', v_w || ': queue');
+        v_qname := stepready._json_text(v_st -> 'queue', v_w || ': queue');
+        IF v_qname <> 'default' THEN
+            PERFORM stepready._bound_check(stepready._queue_problem(v_qname), v_w, 'queue');
+        END IF;
         PERFORM stepready._json_integer(v_st -> 'priority', v_w || ': priority', -2147483648, 2147483647);
         PERFORM stepready._json_integer(v_st -> 'breaker_limit', v_w || ': breaker_limit', 0, 2147483647);
         PERFORM stepready._flow_validate(COALESCE(NULLIF(v_st -> 'concurrency', 'null'), d -> 'concurrency'),

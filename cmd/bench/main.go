@@ -22,6 +22,12 @@ func main() {
 	verbose := flag.Bool("v", false, "log progress")
 	only := flag.String("only", "", "comma-separated scenario names to run (default: all): "+
 		strings.Join(bench.ScenarioNames(), ", "))
+	var opts bench.Options
+	flag.StringVar(&opts.QueryExecMode, "query-exec-mode", "", "pgx's default_query_exec_mode of every pool and "+
+		"daemon: cache_statement (pgx's default), cache_describe, describe_exec, exec or simple_protocol")
+	flag.BoolVar(&opts.PollOnly, "poll-only", false, "stepready clients poll only (no LISTEN); scenario 3 polls every 100 ms")
+	flag.BoolVar(&opts.PgBouncer, "pgbouncer", false, "connect through a PgBouncer in transaction pooling mode "+
+		"(needs pgbouncer installed; implies -poll-only)")
 	flag.Parse()
 	var keep func(string) bool
 	if *only != "" {
@@ -48,7 +54,7 @@ func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	rep, err := bench.RunSelected(ctx, size, logger, keep)
+	rep, err := bench.RunSelected(ctx, size, logger, keep, opts)
 	if rep != nil {
 		rep.Print(os.Stdout)
 		if *out != "" {

@@ -14,6 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
+
+	"github.com/stepready/stepready/internal/store"
 )
 
 // The operator commands (explain, task, step, template, policy) share this plumbing: a database URL, an output
@@ -57,7 +59,11 @@ func (o *dbOptions) format() (string, error) {
 	return "", usagef("--output %q: want %s or %s", o.output, outputTable, outputJSON)
 }
 
-// connect opens one connection to the database named by --database-url (or the environment).
+// connect opens one connection to the database named by --database-url (or the environment). It works through
+// a transaction pooler such as PgBouncer: it sends no startup parameter of its own (PgBouncer refuses unknown
+// ones; the actor of operator events is set in their transaction by the library's operator actions) and prepares no named statement
+// (store.UsePoolerQueryMode, unless the URL names default_query_exec_mode): a command runs each statement
+// once or twice, so caching them would only cost a round trip.
 func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
 	url, err := databaseURL(o.url)
 	if err != nil {
@@ -67,8 +73,7 @@ func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
 	if err != nil {
 		return nil, fmt.Errorf("connect to the database: %w", err)
 	}
-	// Operator events of this session record who acted (sql/090_operators.sql, _operator_details).
-	cfg.RuntimeParams["stepready.actor"] = "cli"
+	store.UsePoolerQueryMode(cfg)
 	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("connect to the database: %w", err)
@@ -93,18 +98,35 @@ func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format 
 // dbNow returns --as-of, or the database's current time when it is not set. Every time printed is relative to
 // it, so that a client with a wrong clock still prints the truth.
 func (o *dbOptions) dbNow(ctx context.Context, q pgx.Tx) (time.Time, error) {
-	if strings.TrimSpace(o.asOf) != "" {
-		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(o.asOf))
-		if err != nil {
-			return time.Time{}, usagef("--as-of %q: want an RFC 3339 time such as 2030-01-01T12:00:00Z", o.asOf)
-		}
-		return t, nil
+	if at, err := o.asOfTime(); err != nil || at != nil {
+		return deref(at), err
 	}
 	var now time.Time
 	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return time.Time{}, err
 	}
 	return now, nil
+}
+
+// asOfTime returns --as-of, or nil when it is not given (the database's clock then).
+func (o *dbOptions) asOfTime() (*time.Time, error) {
+	if strings.TrimSpace(o.asOf) == "" {
+		return nil, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(o.asOf))
+	if err != nil {
+		return nil, usagef("--as-of %q: want an RFC 3339 time such as 2030-01-01T12:00:00Z", o.asOf)
+	}
+	return &t, nil
+}
+
+// deref returns what p points to, or the zero value.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
 
 // dbError turns an error raised by a stepready function into the database's own message: a refusal such as

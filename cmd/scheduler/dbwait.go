@@ -10,6 +10,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/spf13/pflag"
+
+	"github.com/stepready/stepready/internal/store"
 )
 
 // `scheduler run` and `scheduler ui` wait for the database at start (issue 27): started at boot before
@@ -81,13 +83,18 @@ func registerWaitFlag(fs *pflag.FlagSet, w *waitBound) {
 
 // newPool parses url into a pool configuration with at least maxConns connections (unless the URL sets
 // pool_max_conns) and creates the pool, which connects lazily: nothing is dialled yet.
-func newPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+func newPool(ctx context.Context, url string, maxConns int32, pooler bool) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, usagef("--database-url: %w", err)
 	}
 	if !strings.Contains(url, "pool_max_conns") {
 		cfg.MaxConns = max(cfg.MaxConns, maxConns)
+	}
+	if pooler {
+		// Through a transaction pooler (--poll-only, `scheduler ui`): no named prepared statement
+		// (store.UsePoolerQueryMode, unless the URL names default_query_exec_mode).
+		store.UsePoolerQueryMode(cfg.ConnConfig)
 	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {

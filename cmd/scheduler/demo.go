@@ -131,7 +131,7 @@ func (o *globalOptions) runDemo(ctx context.Context, p *demoParams, logger *slog
 	if err := migrations.Up(ctx, dbURL, logger); err != nil {
 		return err
 	}
-	pool, err := openPool(ctx, dbURL, p.daemon.concurrency)
+	pool, err := openPool(ctx, dbURL, p.daemon.concurrency, p.daemon.pollOnly)
 	if err != nil {
 		return err
 	}

@@ -109,7 +109,7 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 	if err != nil {
 		return err
 	}
-	pool, err := newPool(ctx, p.databaseURL, daemonPoolSize(p.daemon.concurrency))
+	pool, err := newPool(ctx, p.databaseURL, daemonPoolSize(p.daemon.concurrency), p.daemon.pollOnly)
 	if err != nil {
 		return err
 	}

@@ -71,7 +71,7 @@ func newUICommand(opts *globalOptions) *cobra.Command {
 				return err
 			}
 			ctx := cmd.Context()
-			pool, err := newPool(ctx, url, daemonPoolSize(4)) // as before: 4 plus the headroom
+			pool, err := newPool(ctx, url, daemonPoolSize(4), true) // as before: 4 plus the headroom
 			if err != nil {
 				return err
 			}

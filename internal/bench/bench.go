@@ -11,8 +11,10 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/url"
 	"os"
 	"sort"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -20,6 +22,7 @@ import (
 
 	"github.com/stepready/stepready"
 	"github.com/stepready/stepready/internal/pgcluster"
+	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/migrations"
 	"github.com/stepready/stepready/steps"
 )
@@ -84,18 +87,68 @@ type Report struct {
 	Size      string    `json:"size"`
 	StartedAt time.Time `json:"started_at"`
 	Postgres  string    `json:"postgres"`
+	Options   Options   `json:"options"`
 	Rows      []Row     `json:"rows"`
+}
+
+// Options change how every scenario connects, to measure what a deployment choice costs. The zero value is the
+// default measurement.
+type Options struct {
+	// QueryExecMode is pgx's default_query_exec_mode of every pool and daemon of the run (cache_statement,
+	// cache_describe, describe_exec, exec or simple_protocol; empty: pgx's default, cache_statement).
+	QueryExecMode string `json:"query_exec_mode,omitempty"`
+	// PollOnly starts every stepready client with Config.PollOnly (no LISTEN), and scenario 3 with a 100 ms poll
+	// interval (latencyPollOnlyInterval) instead of 10 s.
+	PollOnly bool `json:"poll_only,omitempty"`
+	// PgBouncer puts a PgBouncer in transaction pooling mode between every pool and daemon of the run and the
+	// cluster (migrations, database creation and scenario 3's NOTIFY baseline go direct); the scenarios' own
+	// pools then use store.PoolerQueryExecMode unless QueryExecMode is set. It implies PollOnly.
+	PgBouncer bool `json:"pgbouncer,omitempty"`
+}
+
+// label describes the options in a figure ("" for the default measurement).
+func (o Options) label() string {
+	var parts []string
+	if o.PgBouncer {
+		parts = append(parts, "through PgBouncer")
+	}
+	if o.PollOnly {
+		parts = append(parts, "poll-only")
+	}
+	if o.QueryExecMode != "" {
+		parts = append(parts, o.QueryExecMode)
+	}
+	if len(parts) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(parts, ", ") + ")"
+}
+
+// withParam returns the postgres:// URL u with the query parameter name set to value.
+func withParam(u, name, value string) (string, error) {
+	parsed, err := url.Parse(u)
+	if err != nil {
+		return "", fmt.Errorf("bench: %w", err)
+	}
+	q := parsed.Query()
+	q.Set(name, value)
+	parsed.RawQuery = q.Encode()
+	return parsed.String(), nil
 }
 
 // Env is a database for one scenario.
 type Env struct {
 	Cluster *pgcluster.Cluster
 	Logger  *slog.Logger
+	Options Options
+	// bouncer is the run's PgBouncer (Options.PgBouncer), else nil.
+	bouncer *pgcluster.PgBouncer
 	n       int
 }
 
-// NewDB creates and migrates a fresh database, returning a pool with the default search_path. It first drops the
-// database of the previous measurement (measurements run one after the other and close their pools): left in
+// NewDB creates and migrates a fresh database, returning a pool with the default search_path and the URL of the
+// database for other connections (both with Options.QueryExecMode, and through PgBouncer with
+// Options.PgBouncer). It first drops the database of the previous measurement (measurements run one after the other and close their pools): left in
 // place, its tables would be vacuumed by autovacuum during the next measurement, which would then pay for work
 // of the one before.
 func (e *Env) NewDB(ctx context.Context, maxConns int) (*pgxpool.Pool, string, error) {
@@ -118,18 +171,36 @@ func (e *Env) NewDB(ctx context.Context, maxConns int) (*pgxpool.Pool, string, e
 	if err := migrations.Up(ctx, url, nil); err != nil {
 		return nil, "", err
 	}
+	if e.bouncer != nil {
+		if url, err = e.bouncer.URL(url); err != nil {
+			return nil, "", err
+		}
+	}
+	if e.Options.QueryExecMode != "" {
+		if url, err = withParam(url, "default_query_exec_mode", e.Options.QueryExecMode); err != nil {
+			return nil, "", err
+		}
+	}
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
 		return nil, "", err
+	}
+	if e.bouncer != nil {
+		// The scenario's own queries (loading, waiting) go through PgBouncer too.
+		store.UsePoolerQueryMode(cfg.ConnConfig)
 	}
 	cfg.MaxConns = int32(maxConns)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	return pool, url, err
 }
 
+// directURL is the URL of the newest database of NewDB straight to the cluster, without PgBouncer or
+// Options.QueryExecMode.
+func (e *Env) directURL() string { return e.Cluster.DatabaseURL(fmt.Sprintf("bench_%d", e.n)) }
+
 // Run runs every scenario at size and returns the report.
 func Run(ctx context.Context, size Size, logger *slog.Logger) (*Report, error) {
-	return RunSelected(ctx, size, logger, nil)
+	return RunSelected(ctx, size, logger, nil, Options{})
 }
 
 // ScenarioNames lists the scenarios in the order Run runs them.
@@ -141,15 +212,28 @@ func ScenarioNames() []string {
 	return names
 }
 
-// RunSelected runs the scenarios whose name keep accepts (nil: all) at size and returns the report.
-func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(name string) bool) (*Report, error) {
+// RunSelected runs the scenarios whose name keep accepts (nil: all) at size with opts and returns the report.
+func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(name string) bool, opts Options) (
+	*Report, error) {
+	opts.PollOnly = opts.PollOnly || opts.PgBouncer
 	cl, err := pgcluster.StartThrowaway(ctx, pgcluster.ThrowawayOptions{Settings: pgcluster.FastSettings, Logger: logger})
 	if err != nil {
 		return nil, err
 	}
 	defer func() { _ = cl.Stop(context.Background()) }()
-	env := &Env{Cluster: cl, Logger: logger}
-	rep := &Report{Size: size.Name, StartedAt: time.Now().UTC()}
+	env := &Env{Cluster: cl, Logger: logger, Options: opts}
+	if opts.PgBouncer {
+		// As many server connections as the largest pool of a scenario, so that PgBouncer adds its hop and no
+		// queue.
+		b, err := pgcluster.StartPgBouncer(ctx, pgcluster.PgBouncerOptions{Upstream: cl.URL, Users: []string{"postgres"},
+			Settings: []string{fmt.Sprintf("default_pool_size = %d", benchPoolConns)}, Logger: logger})
+		if err != nil {
+			return nil, err
+		}
+		defer func() { _ = b.Stop() }()
+		env.bouncer = b
+	}
+	rep := &Report{Size: size.Name, StartedAt: time.Now().UTC(), Options: opts}
 	pool, err := pgxpool.New(ctx, cl.URL)
 	if err == nil {
 		_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&rep.Postgres)
@@ -245,7 +329,7 @@ func boolp(b bool) *bool { return &b }
 // until waitTasks saw the last completion.
 func runClient(ctx context.Context, env *Env, pool *pgxpool.Pool, reg *steps.Registry, mode string, want int) (time.Duration, error) {
 	c, err := stepready.NewClient(pool, stepready.Config{Registry: reg, Dispatch: mode, Concurrency: benchConcurrency,
-		PollInterval: time.Second, Logger: env.Logger.With("component", "client")})
+		PollInterval: time.Second, PollOnly: env.Options.PollOnly, Logger: env.Logger.With("component", "client")})
 	if err != nil {
 		return 0, err
 	}

@@ -82,8 +82,12 @@ func measureDaemon(ctx context.Context, env *Env, bin string, n int) (daemonMemo
 		return daemonMemory{}, err
 	}
 	defer pool.Close()
-	d, err := startDaemon(ctx, bin, "run", "--database-url", url, "--dispatch", stepready.DispatchDirect,
-		"--concurrency", strconv.Itoa(benchConcurrency), "--poll-interval", "1s", "--log-level", "warn")
+	args := []string{"run", "--database-url", url, "--dispatch", stepready.DispatchDirect,
+		"--concurrency", strconv.Itoa(benchConcurrency), "--poll-interval", "1s", "--log-level", "warn"}
+	if env.Options.PollOnly {
+		args = append(args, "--poll-only")
+	}
+	d, err := startDaemon(ctx, bin, args...)
 	if err != nil {
 		return daemonMemory{}, err
 	}

@@ -57,7 +57,8 @@ func steady(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	metrics := prometheus.NewRegistry()
 	c, err := stepready.NewClient(pool, stepready.Config{Registry: reg, Dispatch: stepready.DispatchDirect,
 		Concurrency: benchConcurrency, PollInterval: time.Second, RetentionComplete: steadyRetention,
-		PruneInterval: time.Second, Logger: env.Logger.With("component", "client"), Metrics: metrics})
+		PruneInterval: time.Second, PollOnly: env.Options.PollOnly, Logger: env.Logger.With("component", "client"),
+		Metrics: metrics})
 	if err != nil {
 		return nil, err
 	}

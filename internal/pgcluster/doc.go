@@ -1,5 +1,6 @@
 // Package pgcluster runs a local PostgreSQL cluster with the machine's own initdb, pg_ctl and postgres, for the
-// tests (a throwaway cluster) and for `scheduler demo` (a persistent one).
+// tests (a throwaway cluster) and for `scheduler demo` (a persistent one); and a PgBouncer in front of a server
+// (StartPgBouncer), for the tests and benchmarks of stepready behind a transaction pooler.
 //
 // The binaries are found in PATH or /usr/lib/postgresql/*/bin, newest major version first (15 or newer). The
 // server listens on 127.0.0.1 on a free port with trust authentication for the superuser postgres, and keeps

@@ -10,10 +10,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgtype"
 )
 
 // DBTX is what the calls need: satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx.
@@ -33,6 +35,9 @@ type ClaimedStep struct {
 	Attempts  int             `json:"attempts"`
 	TimeoutMS *int64          `json:"timeout_ms,omitempty"`
 	Queue     string          `json:"queue"`
+	// DecodeErr is set when a column of the row did not decode (StepID, and Attempts or the attempt of a started
+	// row, are then still right): the row cannot be run, and Check returns it.
+	DecodeErr error `json:"-"`
 }
 
 // Timeout returns the step's per-attempt timeout, or def when it sets none.
@@ -65,10 +70,42 @@ func ClaimReadySteps(ctx context.Context, db DBTX, limit int, worker string, lea
 const claimReadySQL = `SELECT step_id, task_id, name, handler, input, attempts, timeout_ms, queue
 	FROM stepready.claim_ready_steps($1, $2, $3)`
 
+// The claim rows are scanned into nullable values, which cannot fail to scan: a scan error would end the whole
+// result (pgx closes the rows), and with it the dispatch of every step of the claim. A value that is missing where
+// one is required makes that row's DecodeErr instead, and the dispatcher fails that step alone.
 func scanClaimed(r pgx.CollectableRow) (ClaimedStep, error) {
 	var c ClaimedStep
-	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, raw(&c.Input), &c.Attempts, &c.TimeoutMS, &c.Queue)
-	return c, err
+	var taskID *int64
+	var name, handler, queue *string
+	var attempts *int
+	if err := r.Scan(&c.StepID, &taskID, &name, &handler, raw(&c.Input), &attempts, &c.TimeoutMS, &queue); err != nil {
+		return c, err
+	}
+	var d decoding
+	c.TaskID, c.Name, c.Handler = need(&d, taskID, "task_id"), need(&d, name, "name"), need(&d, handler, "handler")
+	c.Attempts, c.Queue = need(&d, attempts, "attempts"), need(&d, queue, "queue")
+	c.DecodeErr = d.err(c.StepID)
+	return c, nil
+}
+
+// decoding collects the required columns of one claim row that came back NULL.
+type decoding struct{ missing []string }
+
+func need[T any](d *decoding, p *T, column string) T {
+	if p == nil {
+		d.missing = append(d.missing, column)
+		var zero T
+		return zero
+	}
+	return *p
+}
+
+func (d *decoding) err(stepID int64) error {
+	if len(d.missing) == 0 {
+		return nil
+	}
+	return fmt.Errorf("the claim row of step %d does not decode: no value for %s", stepID,
+		strings.Join(d.missing, ", "))
 }
 
 // ClaimReadyStepsNextDue is ClaimReadySteps preceded, in the same round trip, by next_claim_at (see
@@ -91,7 +128,10 @@ func claimWithNextDue[T any](ctx context.Context, db BatchSender, capHint int, s
 	var due NextDue
 	b := &pgx.Batch{}
 	b.Queue(`SELECT stepready.next_claim_at(), now()`).QueryRow(func(r pgx.Row) error {
-		return r.Scan(&due.At, &due.DBNow)
+		var at pgtype.Timestamptz
+		err := r.Scan(&at, &due.DBNow)
+		due.At = finiteTime(at)
+		return err
 	})
 	var got []T
 	b.Queue(query, args...).Query(func(rows pgx.Rows) error {
@@ -102,7 +142,12 @@ func claimWithNextDue[T any](ctx context.Context, db BatchSender, capHint int, s
 	// A claim that leaves rate-limited steps behind records when their key's next token arrives (SPEC §14):
 	// read after the claim, so the timer wakes for it instead of waiting for the poll interval.
 	var flowAt *time.Time
-	b.Queue(`SELECT stepready.next_flow_at()`).QueryRow(func(r pgx.Row) error { return r.Scan(&flowAt) })
+	b.Queue(`SELECT stepready.next_flow_at()`).QueryRow(func(r pgx.Row) error {
+		var at pgtype.Timestamptz
+		err := r.Scan(&at)
+		flowAt = finiteTime(at)
+		return err
+	})
 	if err := db.SendBatch(ctx, b).Close(); err != nil {
 		return nil, NextDue{}, err
 	}
@@ -110,6 +155,19 @@ func claimWithNextDue[T any](ctx context.Context, db BatchSender, capHint int, s
 		due.At = flowAt
 	}
 	return got, due, nil
+}
+
+// finiteTime is a due time as the daemon's timer takes it: nil for none, and for 'infinity' (never) too. The
+// tables keep infinite due times out (steps_next_attempt_at_is_finite); were one there anyway, it must not make
+// every claim fail to scan its wake-up time. '-infinity' is due at once: the earliest time Go holds.
+func finiteTime(t pgtype.Timestamptz) *time.Time {
+	switch {
+	case !t.Valid || t.InfinityModifier == pgtype.Infinity:
+		return nil
+	case t.InfinityModifier == pgtype.NegativeInfinity:
+		return &time.Time{}
+	}
+	return &t.Time
 }
 
 // Started is an attempt that start_step let run, with what its handler needs beyond the claim.
@@ -205,11 +263,22 @@ func ClaimAndStartStepsNextDue(ctx context.Context, db BatchSender, limit int, w
 
 func scanClaimedStarted(r pgx.CollectableRow) (ClaimedStarted, error) {
 	var c ClaimedStarted
-	err := r.Scan(&c.StepID, &c.TaskID, &c.Name, &c.Handler, raw(&c.Input), &c.Started.Token, &c.Started.Attempt,
-		&c.TimeoutMS, &c.Queue, &c.Started.Iteration, raw(&c.Started.Context), raw(&c.Started.Rules))
+	var taskID *int64
+	var name, handler, queue *string
+	var token, attempt, iteration *int
+	if err := r.Scan(&c.StepID, &taskID, &name, &handler, raw(&c.Input), &token, &attempt, &c.TimeoutMS, &queue,
+		&iteration, raw(&c.Started.Context), raw(&c.Started.Rules)); err != nil {
+		return c, err
+	}
+	var d decoding
+	c.TaskID, c.Name, c.Handler = need(&d, taskID, "task_id"), need(&d, name, "name"), need(&d, handler, "handler")
+	c.Started.Token, c.Started.Attempt = need(&d, token, "attempt"), need(&d, attempt, "attempt_number")
+	c.Queue = need(&d, queue, "queue")
+	c.Started.Iteration = need(&d, iteration, "iteration")
 	c.Attempts = c.Started.Attempt - 1
 	c.Started.Input = c.Input
-	return c, err
+	c.DecodeErr = d.err(c.StepID)
+	return c, nil
 }
 
 // StartSteps starts a batch of enqueued steps (stepready.start_steps). The map holds the steps that may run;
@@ -411,6 +480,28 @@ func FailStep(ctx context.Context, db DBTX, stepID int64, token int, errorDoc js
 	return r, nil
 }
 
+// FailClaimed fails a claimed step that cannot be handed to a worker (its row breaks a bound, River refused its
+// job): it starts the attempt (start_step returns its fencing token) and records it failed with errorDoc at once,
+// in one statement, so that the step ends
+// like any failed attempt (events, on_exhausted) within the caller's transaction, usually the claim's. A step that
+// start_step does not let run (its task was paused meanwhile) is handed back instead, and the result says
+// stale_attempt.
+func FailClaimed(ctx context.Context, db DBTX, stepID int64, worker string, lease time.Duration,
+	errorDoc json.RawMessage) (FailResult, error) {
+	var r FailResult
+	var state *string
+	err := db.QueryRow(ctx, `SELECT f.state, f.next_attempt_at, f.reason
+		FROM stepready.fail_step($1, stepready.start_step($1, $2, $3), $4) f`,
+		stepID, worker, ms(lease), errorDoc).Scan(&state, &r.NextAttemptAt, &r.Reason)
+	if err != nil {
+		return FailResult{}, fmt.Errorf("store: fail claimed step %d: %w", stepID, err)
+	}
+	if state != nil {
+		r.State = *state
+	}
+	return r, nil
+}
+
 // ContinueStep records a successful iteration (token: the attempt's fencing token) and schedules the next one;
 // false when fenced out.
 func ContinueStep(ctx context.Context, db DBTX, stepID int64, token int, output, nextInput json.RawMessage,
@@ -436,10 +527,11 @@ func ReleaseStep(ctx context.Context, db DBTX, stepID int64, token *int) (bool, 
 	return ok, nil
 }
 
-// ReapExpiredLeases runs the lease reaper once; it returns how many steps it handled.
-func ReapExpiredLeases(ctx context.Context, db DBTX) (int, error) {
+// ReapExpiredLeases runs reap_expired_leases once on at most limit expired leases; it returns how many steps it
+// handled.
+func ReapExpiredLeases(ctx context.Context, db DBTX, limit int) (int, error) {
 	var n int
-	if err := db.QueryRow(ctx, `SELECT stepready.reap_expired_leases()`).Scan(&n); err != nil {
+	if err := db.QueryRow(ctx, `SELECT stepready.reap_expired_leases(now(), $1)`, limit).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: reap expired leases: %w", err)
 	}
 	return n, nil
@@ -449,10 +541,11 @@ func ReapExpiredLeases(ctx context.Context, db DBTX) (int, error) {
 // database's clock now, so a caller can set a timer without trusting its own clock.
 func NextClaimAt(ctx context.Context, db DBTX) (next *time.Time, dbNow time.Time, err error) {
 	// See ClaimAndStartStepsNextDue for the same read together with a claim.
-	if err := db.QueryRow(ctx, `SELECT stepready.next_claim_at(), now()`).Scan(&next, &dbNow); err != nil {
+	var at pgtype.Timestamptz
+	if err := db.QueryRow(ctx, `SELECT stepready.next_claim_at(), now()`).Scan(&at, &dbNow); err != nil {
 		return nil, time.Time{}, fmt.Errorf("store: next claim time: %w", err)
 	}
-	return next, dbNow, nil
+	return finiteTime(at), dbNow, nil
 }
 
 // RecordPolicyEvaluation appends the policy.evaluated event of a running attempt (token: its fencing token; what
@@ -497,23 +590,23 @@ func CountPrunable(ctx context.Context, db DBTX, finishedBefore time.Time, statu
 
 // QueueStat is one row of queue_stats: the backlog of one queue.
 type QueueStat struct {
-	Queue string
+	Queue string `json:"queue"`
 	// Ready is how many steps could be claimed now.
-	Ready int64
+	Ready int64 `json:"ready"`
 	// InFlight is how many steps hold a slot: claimed or running, or moved out of flight by an operator while
 	// their attempt may still run (an orphaned lease not expired). Always exact.
-	InFlight int64
+	InFlight int64 `json:"in_flight"`
 	// WaitingForRetry is how many steps wait out a retry backoff.
-	WaitingForRetry int64
+	WaitingForRetry int64 `json:"waiting_for_retry"`
 	// DueWithinMinute is how many steps not ready yet become due within a minute.
-	DueWithinMinute int64
+	DueWithinMinute int64 `json:"due_within_minute"`
 	// OldestReadySeconds is how long the oldest ready step has waited to be claimed (0: none ready).
-	OldestReadySeconds float64
+	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
 	// Estimated says that Ready, WaitingForRetry, DueWithinMinute and OldestReadySeconds are estimates from a
 	// sample of the table: there were more claimable steps than queue_stats counts exactly (10,000, the SQL
 	// function stepready._read_budget). The oldest wait is then the oldest among the rows sampled, so the true
 	// lag may be longer. Show them as approximate ("~").
-	Estimated bool
+	Estimated bool `json:"estimated"`
 }
 
 // QueueStats calls queue_stats: per queue, ready, in flight, waiting for retry, due within a minute and the

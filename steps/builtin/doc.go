@@ -65,7 +65,12 @@
 //
 // Output: {"status": 200, "headers": {"Content-Type": "…"}, "body": …}, with the first value of each response
 // header under its canonical name, and the body as the JSON value itself when the response is JSON
-// (application/json or a +json type) and parses, else as a string. A body larger than MaxHTTPBodyBytes (10 MiB)
+// (application/json or a +json type) and parses, else as a string. A body kept as a string is made text the step's
+// output can hold: invalid UTF-8 and NUL bytes become U+FFFD (jsonb cannot store them, and where they were the
+// body was not text). A JSON body goes through the executor like any output: invalid UTF-8 and lone surrogate
+// escapes become U+FFFD, a NUL in one of its strings fails the attempt (`contract_failure`, naming the path:
+// a JSON body's data is not silently changed), and a value the database refuses (a number beyond numeric's
+// range) fails it with the database's message. A body larger than MaxHTTPBodyBytes (10 MiB)
 // fails the attempt (`permanent`) rather than being truncated. The output implements
 // steps.OutputWithHTTPStatus, so outcome rules see the status of a successful call as outcome.http.status too.
 //
@@ -123,7 +128,8 @@
 // process that leaves the group (setsid) is not followed. Elsewhere, a killed daemon leaves the command running.
 //
 // Output: {"stdout": "…", "stderr": "…", "exit_code": 0}; each stream keeps its first MaxExecOutputBytes
-// (10 MiB), as UTF-8.
+// (10 MiB), as text the step's output can hold: invalid UTF-8 and NUL bytes (find -print0, a binary) become
+// U+FFFD, since jsonb cannot store them. Encode binary output (base64) to keep it.
 //
 // Failures:
 //   - a non-zero exit status: `transient`, Code the exit status ("3"; "-1" when killed by a signal), the end

@@ -195,5 +195,19 @@ func (b *cappedBuffer) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// String returns what was kept, as valid UTF-8.
-func (b *cappedBuffer) String() string { return strings.ToValidUTF8(string(b.buf), "\uFFFD") }
+// String returns what was kept as text (capturedText).
+func (b *cappedBuffer) String() string { return capturedText(b.buf) }
+
+// capturedText is bytes a handler captured as text (a command's output, a response body that is not JSON) in the
+// form the step's output can hold: invalid UTF-8 and NUL bytes, which PostgreSQL cannot store in a jsonb string,
+// become U+FFFD. The capture was not text where they were, so nothing of the text is lost.
+func capturedText(b []byte) string {
+	s := string(b)
+	if !utf8.ValidString(s) {
+		s = strings.ToValidUTF8(s, "\uFFFD")
+	}
+	if strings.IndexByte(s, 0) >= 0 {
+		s = strings.ReplaceAll(s, "\x00", "\uFFFD")
+	}
+	return s
+}

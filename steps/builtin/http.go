@@ -17,7 +17,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-	"unicode/utf8"
 
 	"github.com/stepready/stepready/steps"
 )
@@ -378,10 +377,7 @@ func responseBody(header http.Header, body []byte) any {
 	if isJSONMediaType(header.Get("Content-Type")) && json.Valid(body) {
 		return json.RawMessage(body)
 	}
-	if !utf8.Valid(body) {
-		return strings.ToValidUTF8(string(body), "\uFFFD")
-	}
-	return string(body)
+	return capturedText(body)
 }
 
 // isJSONMediaType reports whether a Content-Type is application/json or a +json type.

@@ -32,6 +32,9 @@
 //
 // Pools and connections made here set search_path to the empty string, so a test fails if any SQL function
 // or query relies on the search path instead of naming the stepready schema.
+//
+// PgBouncer puts a PgBouncer in transaction pooling mode in front of the server, for tests of stepready behind a
+// connection pooler; they skip without the pgbouncer program, and fail when CI=true.
 package pgtest
 
 import (
