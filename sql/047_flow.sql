@@ -181,14 +181,21 @@ $$;
 -- not to the nearest microsecond: with a fractional tolerance (3 per second: 666,666.67 µs) rounding gave an
 -- instant 1 µs before _flow_tokens allowed the start, so readiness and the claim disagreed for that microsecond,
 -- and a claim that found no token then recorded no wake-up (the token's time was not after p_as_of).
+-- One expression without a FROM clause, so that it is inlined where it is used (the claim evaluates it for
+-- every step it takes, through _flow_refusal: called as a function it cost 5 µs a step).
 CREATE OR REPLACE FUNCTION stepready._flow_next_token(p_tat timestamptz, p_limit int, p_period_ms bigint,
                                                       p_as_of timestamptz)
 RETURNS timestamptz
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT CASE WHEN n.at > p_as_of THEN n.at END
-      FROM (SELECT p_tat - floor(p.per - p.per / GREATEST(p_limit, 1)) * interval '1 microsecond' AS at
-              FROM (SELECT LEAST(p_period_ms, 9223372036854) * 1000.0 AS per) p) n; -- clamped as in _flow_tokens
+    -- The period is clamped as in _flow_tokens. GREATEST ignores a NULL tat (a full bucket): NULL then.
+    SELECT CASE WHEN p_as_of IS NOT NULL THEN
+        NULLIF(GREATEST(p_tat - floor(LEAST(p_period_ms, 9223372036854) * 1000.0
+                                      - LEAST(p_period_ms, 9223372036854) * 1000.0 / GREATEST(p_limit, 1))
+                                * interval '1 microsecond',
+                        p_as_of),
+               p_as_of)
+    END;
 $$;
 
 -- Tokens left in a rate key's bucket at p_as_of (fractional: the refill is continuous).
@@ -248,7 +255,8 @@ LANGUAGE sql IMMUTABLE
 AS $$
     SELECT CASE
         WHEN p_in_flight >= p_concurrency_limit THEN 'concurrency_limited'
-        WHEN stepready._flow_next_token(p_rate_tat, p_rate_limit, p_rate_period_ms, p_as_of) IS NOT NULL
+        WHEN p_rate_limit IS NOT NULL
+             AND stepready._flow_next_token(p_rate_tat, p_rate_limit, p_rate_period_ms, p_as_of) IS NOT NULL
         THEN 'rate_limited'
     END;
 $$;
