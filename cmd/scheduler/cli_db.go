@@ -96,7 +96,8 @@ func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format 
 	if err := checkSchema(ctx, conn); err != nil {
 		return err
 	}
-	return dbError(f(conn, format))
+	// A permission error names the roles that grant what was refused (read after f's transaction ended).
+	return dbError(store.NameGrantingRoles(ctx, conn, f(conn, format)))
 }
 
 // checkSchema refuses (exit 2) a database whose stepready schema is not this binary's: never migrated, older,
