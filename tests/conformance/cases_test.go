@@ -217,7 +217,7 @@ func caseHeartbeatsKeepALongStep(c *caseEnv) {
 	require.Empty(t, c.eventsNamed(s.ID, "lease.expired"))
 }
 
-// caseSIGTERMReleasesUncharged: SIGTERM (with a shutdown grace of 0) makes the worker hand its running attempt
+// caseSIGTERMReleasesUncharged: SIGTERM (with a shutdown grace of 100 ms) makes the worker hand its running attempt
 // back uncharged and exit 0; a worker started afterwards runs the step as its attempt 1. (That attempt's
 // fencing token is 2: a worker that fenced with the attempt number would have its result refused here.)
 func caseSIGTERMReleasesUncharged(c *caseEnv) {

@@ -90,7 +90,7 @@ func newCaseEnv(t *testing.T, spec workerSpec, name string) *caseEnv {
 		"STEPREADY_LEASE":          leaseDefault,
 		"STEPREADY_REAP_INTERVAL":  "250ms",
 		"STEPREADY_POLL_INTERVAL":  pollInterval,
-		"STEPREADY_SHUTDOWN_GRACE": "0s",
+		"STEPREADY_SHUTDOWN_GRACE": "100ms", // not 0s: scheduler run reads --shutdown-grace 0 as its default, 10 s
 		"STEPREADY_CONCURRENCY":    "4",
 	}}
 }
