@@ -333,3 +333,29 @@ def test_errors_and_repeats_refuse_bad_values():
         w = Worker("postgres://x")
         w.register("noop", lambda s: None)
         w.register("noop", lambda s: None)
+
+
+def test_the_readme_example_module_runs(db):
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import greet
+
+    task = create_task(db,
+                       {"name": "hello", "handler": "greet", "input": {"name": "world"}},
+                       {"name": "nameless", "handler": "greet", "input": {}, "on_exhausted": "skip"},
+                       {"name": "count", "handler": "countdown", "input": {"n": 2}, "collect": "append"},
+                       {"name": "api", "handler": "busy_api"})
+    w_handlers = {}
+
+    class Collect:
+        def register(self, name, fn):
+            w_handlers[name] = fn
+    greet.register(Collect())
+    with running_worker(w_handlers, builtins=False):
+        hello = wait_for("hello complete", state_is(db, task, "hello", "complete"))
+        nameless = wait_for("nameless skipped", state_is(db, task, "nameless", "skipped"))
+        count = wait_for("count complete", state_is(db, task, "count", "complete"))
+        api = wait_for("api complete", state_is(db, task, "api", "complete"))
+    assert hello["output"] == {"greeting": "hello, world"}
+    assert nameless["last_error"]["class"] == "permanent"
+    assert count["output"] == [{"n": 2}, {"n": 1}, {"n": 0, "liftoff": True}]
+    assert api["output"] == {"attempt": 2}
