@@ -238,11 +238,14 @@ class Worker:
                 signal.signal(sig, handler)
 
     def _run(self) -> None:
-        self._connect(deadline=None)
+        try:
+            self._connect(deadline=None)
+        except _Stopped:
+            log.info("worker: stopped while waiting for the database")
+            return
         if self.listen:
             self._listener = threading.Thread(target=self._listen, name="stepready-listen", daemon=True)
             self._listener.start()
-        log.info("worker: running", extra={"worker": self.worker_id})
         log.info("worker: %s running: handlers %s, concurrency %d, lease %.3gs, %s", self.worker_id,
                  ", ".join(self.handler_names) or "(none)", self.concurrency, self.lease,
                  "LISTEN and poll" if self.listen else "poll only")
@@ -336,11 +339,15 @@ class Worker:
                 self._conn = conn
                 return
             except psycopg.OperationalError as e:
-                if (deadline is not None and time.monotonic() + backoff > deadline) or \
-                        (deadline is None and self._stop.is_set() and not self._running):
+                if deadline is None and self._stop.is_set() and not self._running:
+                    raise _Stopped() from e
+                if deadline is not None and time.monotonic() + backoff > deadline:
                     raise
                 log.warning("worker: database unreachable; trying again in %.1fs: %s", backoff, e)
-                time.sleep(backoff)
+                if deadline is None:
+                    self._stop.wait(backoff)  # a stop() ends the wait at once
+                else:
+                    time.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
     def _exec(self, sql: str, params: Any = None, *, retry_for: float = 0.0) -> list[dict[str, Any]]:
@@ -655,6 +662,10 @@ class Worker:
     def _poke(self) -> None:
         self._claim_wanted.set()
         self._wake.set()
+
+
+class _Stopped(Exception):
+    """stop() was called while run() waited for the database."""
 
 
 def _has_rules(rules: Any) -> bool:

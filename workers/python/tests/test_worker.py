@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -255,6 +256,28 @@ def test_sigterm_stops_the_command_and_releases_uncharged(db):
     assert "SIGTERM received" in stderr
     row = step(db, task, "a")
     assert row["state"] == "pending" and row["attempts"] == 0
+
+
+def test_sigterm_while_waiting_for_the_database_exits_cleanly():
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = dict(os.environ, STEPREADY_DATABASE_URL=f"postgres://nobody@127.0.0.1:{port}/none?connect_timeout=2")
+    proc = subprocess.Popen([sys.executable, "-m", "stepready_worker", "--builtins"], env=env,
+                            cwd=Path(__file__).resolve().parent.parent, stderr=subprocess.PIPE, text=True)
+    try:
+        stderr = ""
+        deadline = time.monotonic() + 20
+        while "database unreachable" not in stderr and time.monotonic() < deadline:
+            stderr += proc.stderr.readline()
+        assert "database unreachable; trying again" in stderr
+        proc.send_signal(signal.SIGTERM)
+        _, rest = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, stderr + rest
+    assert "stopped while waiting for the database" in rest
 
 
 def test_a_notification_wakes_the_worker_long_before_its_poll(db):
