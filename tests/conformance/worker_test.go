@@ -3,7 +3,6 @@ package conformance
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -87,9 +86,10 @@ func buildScheduler(t *testing.T, root string) string {
 			return
 		}
 		buildDir = dir
+		// go in PATH, else where the project's machines install it (the Makefile adds it to PATH the same way).
 		goTool := "go"
 		if _, err := exec.LookPath(goTool); err != nil {
-			goTool = filepath.Join(runtime.GOROOT(), "bin", "go")
+			goTool = "/usr/local/go/bin/go"
 		}
 		buildPath = filepath.Join(dir, "scheduler")
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -174,16 +174,6 @@ func (p *workerProcess) waitExit(t *testing.T, timeout time.Duration) int {
 	}
 }
 
-// running reports whether the process has not exited.
-func (p *workerProcess) running() bool {
-	select {
-	case <-p.exited:
-		return false
-	default:
-		return true
-	}
-}
-
 // syncBuffer is a bytes.Buffer safe for the process's writes and the test's reads.
 type syncBuffer struct {
 	mu  sync.Mutex
@@ -201,6 +191,3 @@ func (b *syncBuffer) String() string {
 	defer b.mu.Unlock()
 	return b.buf.String()
 }
-
-// errNotYet is what a poll condition returns while it does not hold.
-var errNotYet = errors.New("not yet")
