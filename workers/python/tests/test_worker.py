@@ -382,3 +382,34 @@ def test_the_readme_example_module_runs(db):
     assert nameless["last_error"]["class"] == "permanent"
     assert count["output"] == [{"n": 2}, {"n": 1}, {"n": 0, "liftoff": True}]
     assert api["output"] == {"attempt": 2}
+
+
+def test_routing_hook_passes_queues_and_handlers_once_the_claim_takes_them(db):
+    # Stands in for the routing SQL to come (SPEC §21): a claim_and_start_steps that takes p_queues and
+    # p_handlers, records them and claims as today. The worker detects it when it connects and calls it with named
+    # arguments: its queues and the names of its handlers.
+    db.execute("CREATE TABLE public.claim_calls (queues text[], handlers text[])")
+    try:
+        db.execute("GRANT INSERT ON public.claim_calls TO stepready_worker")
+        db.execute("""
+            CREATE FUNCTION stepready.claim_and_start_steps(p_limit int, p_worker text, p_lease_ms bigint,
+                p_queues text[], p_handlers text[], p_as_of timestamptz DEFAULT now())
+            RETURNS TABLE (step_id bigint, task_id bigint, name text, handler text, input jsonb, attempt int,
+                           timeout_ms bigint, queue text, iteration int, context jsonb, rules jsonb,
+                           attempt_number int)
+            LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO public.claim_calls VALUES (p_queues, p_handlers);
+                RETURN QUERY SELECT * FROM stepready.claim_and_start_steps(p_limit, p_worker, p_lease_ms, p_as_of);
+            END $$""")
+        db.execute("GRANT EXECUTE ON FUNCTION stepready.claim_and_start_steps(int, text, bigint, text[], text[], "
+                   "timestamptz) TO stepready_worker")
+        task = create_task(db, {"name": "a", "handler": "noop"})
+        with running_worker(queues=["default", "emails"]):
+            wait_for("step complete", state_is(db, task, "a", "complete"))
+        calls = db.execute("SELECT DISTINCT queues, handlers FROM public.claim_calls").fetchall()
+        assert calls == [{"queues": ["default", "emails"], "handlers": ["fail", "noop", "sleep"]}]
+    finally:
+        db.execute("DROP FUNCTION IF EXISTS stepready.claim_and_start_steps(int, text, bigint, text[], text[], "
+                   "timestamptz)")
+        db.execute("DROP TABLE public.claim_calls")
