@@ -18,6 +18,10 @@ import (
 // docTask is the task every SQL block of docs/workers.md runs against: the one its psql example asks to create.
 const docTask = `{"name": "demo", "steps": [{"name": "hello", "handler": "greet", "input": {"name": "world"}}]}`
 
+// docTaskWithRules is the demo task with an outcome rule on its step.
+const docTaskWithRules = `{"name": "demo", "steps": [{"name": "hello", "handler": "greet", "input": {"name": "world"},
+	"rules": [{"when": "outcome.status == 'ok'", "then": {"do": "break"}}]}]}`
+
 // docClaim is run before a block that uses :step_id or :token (the doc says they hold a claimed row's).
 const docClaim = `\set ON_ERROR_STOP on
 SELECT step_id, attempt AS token FROM stepready.claim_and_start_steps(1, 'docs', 30000) \gset
@@ -66,6 +70,16 @@ func TestWorkersDocSQLRuns(t *testing.T) {
 					taskID).Scan(&state, &output))
 				require.Equal(t, "complete", state)
 				require.JSONEq(t, `{"greeting": "hello, world"}`, output)
+
+				// Its other branch: a step with rules is failed deterministic, not run.
+				ruled := pgtest.New(t)
+				require.NoError(t, ruled.Pool.QueryRow(ctx, `SELECT stepready.create_task($1::jsonb)`, docTaskWithRules).Scan(&taskID))
+				runPsql(t, psql, ruled.LoginRole(t, "stepready_worker"), "\\set ON_ERROR_STOP on\n"+script)
+				var class string
+				require.NoError(t, ruled.Pool.QueryRow(ctx, `SELECT state, last_error ->> 'class' FROM stepready.steps
+					WHERE task_id = $1`, taskID).Scan(&state, &class))
+				require.Equal(t, "error", state)
+				require.Equal(t, "deterministic", class)
 			}
 		})
 	}
