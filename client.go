@@ -11,12 +11,14 @@ import (
 	"log/slog"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/stepready/stepready/internal/maintenance"
 	"github.com/stepready/stepready/steps"
 )
 
@@ -31,21 +33,38 @@ const (
 
 // Config defaults.
 const (
-	ConcurrencyDefault   = 10
-	LeaseDefault         = 30 * time.Second
-	LeaseMin             = 300 * time.Millisecond
-	ReapIntervalDefault  = 10 * time.Second
-	PollIntervalDefault  = 5 * time.Second
+	// ConcurrencyDefault is how many attempts a client runs at once.
+	ConcurrencyDefault = 10
+	// LeaseDefault is the attempt lease; LeaseMin the shortest one allowed.
+	LeaseDefault = 30 * time.Second
+	// LeaseMin is the shortest lease Config accepts.
+	LeaseMin = 300 * time.Millisecond
+	// ReapIntervalDefault is how often the elected instance reaps expired leases.
+	ReapIntervalDefault = maintenance.LeaseReaperIntervalDefault
+	// PollIntervalDefault is the fallback poll for ready steps.
+	PollIntervalDefault = 5 * time.Second
+	// ShutdownGraceDefault is how long Stop lets running attempts finish.
 	ShutdownGraceDefault = 10 * time.Second
 	// RetentionCompleteDefault is how long complete tasks are kept after they finished (SPEC §13): a week.
-	RetentionCompleteDefault = 168 * time.Hour
+	RetentionCompleteDefault = maintenance.RetentionCompleteDefault
 	// RetentionFailedDefault is how long error and cancelled tasks are kept after they finished: 30 days.
-	RetentionFailedDefault = 720 * time.Hour
-	// PruneIntervalDefault is how often the elected instance prunes finished tasks.
-	PruneIntervalDefault = time.Minute
-	// KeepForever, as a retention, disables pruning of those tasks.
-	KeepForever time.Duration = -1
+	RetentionFailedDefault = maintenance.RetentionFailedDefault
+	// PruneIntervalDefault is how often the elected instance prunes finished tasks and idle flow keys.
+	PruneIntervalDefault = maintenance.TaskPrunerIntervalDefault
+	// ScheduleIntervalDefault is the longest the schedule enqueuer sleeps between two looks at the schedules.
+	ScheduleIntervalDefault = maintenance.ScheduleEnqueuerIntervalDefault
+	// BacklogIntervalDefault is how often the elected instance exports the backlog gauges.
+	BacklogIntervalDefault = maintenance.BacklogExporterIntervalDefault
 )
+
+// Off, as an interval of a maintenance service (ReapInterval, PruneInterval, ScheduleInterval,
+// BacklogInterval), turns that service off on this client. It is -1, as in River: a zero value takes the
+// default. The command line spells it "off" (or -1).
+const Off = maintenance.Off
+
+// KeepForever, as a retention (RetentionComplete, RetentionFailed), keeps those tasks forever. It is Off (-1);
+// the command line also accepts 0 for it (SPEC §13).
+const KeepForever = maintenance.KeepForever
 
 // Config configures a Client. Zero values take the documented defaults.
 type Config struct {
@@ -60,12 +79,13 @@ type Config struct {
 	// whose worker died is retried within Lease + ReapInterval.
 	Lease time.Duration
 	// ReapInterval is how often the elected instance reaps expired leases (default 10 s; must be shorter than
-	// Lease).
+	// Lease). Off leaves reaping to other instances: with no instance reaping, the attempts of a dead worker stay
+	// in flight for ever.
 	ReapInterval time.Duration
 	// PollInterval is the fallback poll when no notification or timer wakes the claimer (default 5 s).
 	PollInterval time.Duration
 	// ShutdownGrace is how long Stop lets running attempts finish before cancelling and releasing them
-	// (default 10 s).
+	// (default 10 s; Off: no grace, they are cancelled at once).
 	ShutdownGrace time.Duration
 	// WorkerID names this process in leases and events (default hostname-pid).
 	WorkerID string
@@ -86,9 +106,17 @@ type Config struct {
 	// RetentionFailed is the same for error and cancelled tasks (default RetentionFailedDefault, 30 days;
 	// KeepForever keeps them).
 	RetentionFailed time.Duration
-	// PruneInterval is how often the elected instance prunes (default PruneIntervalDefault, a minute). Each round
-	// deletes in batches of 1,000 tasks until none is left past its retention.
+	// PruneInterval is how often the elected instance prunes (default PruneIntervalDefault, a minute; Off: never
+	// on this client). Each round deletes in batches of 1,000 tasks until none is left past its retention, then
+	// the state of idle flow-control keys the same way.
 	PruneInterval time.Duration
+	// ScheduleInterval is the longest the schedule enqueuer sleeps between rounds (default
+	// ScheduleIntervalDefault, a second; Off: this client fires no schedules). Between rounds it sleeps until the
+	// next fire time, so a fire is on time whatever this is; it bounds how soon a new or edited schedule is seen.
+	ScheduleInterval time.Duration
+	// BacklogInterval is how often the elected instance sets the backlog gauges (default BacklogIntervalDefault;
+	// Off: this client exports none).
+	BacklogInterval time.Duration
 	// MaxOutputBytes is the largest output (encoded as JSON) an attempt may record; a larger one fails the attempt
 	// as contract_failure naming the size (SPEC §17). Default steps.MaxOutputBytesDefault (1 MiB); negative: no
 	// limit.
@@ -110,6 +138,8 @@ func (c Config) withDefaults() Config {
 	c.RetentionComplete = cmp.Or(c.RetentionComplete, RetentionCompleteDefault)
 	c.RetentionFailed = cmp.Or(c.RetentionFailed, RetentionFailedDefault)
 	c.PruneInterval = cmp.Or(c.PruneInterval, PruneIntervalDefault)
+	c.ScheduleInterval = cmp.Or(c.ScheduleInterval, ScheduleIntervalDefault)
+	c.BacklogInterval = cmp.Or(c.BacklogInterval, BacklogIntervalDefault)
 	if c.WorkerID == "" {
 		host, _ := os.Hostname()
 		c.WorkerID = cmp.Or(host, "stepready") + "-" + strconv.Itoa(os.Getpid())
@@ -120,34 +150,66 @@ func (c Config) withDefaults() Config {
 	return c
 }
 
+// ConfigError is one invalid field of a Config: Field is its name in Config (ReapInterval), Value what it held,
+// Problem what is wrong. NewClient and Config.Validate return them joined (errors.As finds each).
+type ConfigError struct {
+	Field   string
+	Value   any
+	Problem string
+}
+
+func (e *ConfigError) Error() string {
+	return fmt.Sprintf("config.%s %v: %s", e.Field, e.Value, e.Problem)
+}
+
+// Validate applies the defaults to c and checks it, as NewClient does; the error joins a *ConfigError per
+// invalid field.
+func (c Config) Validate() error { return c.withDefaults().validate() }
+
 func (c Config) validate() error {
 	var errs []error
+	bad := func(field string, value any, problem string, args ...any) {
+		errs = append(errs, &ConfigError{Field: field, Value: value, Problem: fmt.Sprintf(problem, args...)})
+	}
 	if c.Registry == nil {
-		errs = append(errs, errors.New("config.Registry is required"))
+		bad("Registry", "nil", "is required")
 	}
 	if c.Dispatch != DispatchRiver && c.Dispatch != DispatchDirect {
-		errs = append(errs, fmt.Errorf("config.Dispatch must be %q or %q, got %q", DispatchRiver, DispatchDirect, c.Dispatch))
+		bad("Dispatch", fmt.Sprintf("%q", c.Dispatch), "must be %q or %q", DispatchRiver, DispatchDirect)
 	}
 	if c.Concurrency < 1 {
-		errs = append(errs, fmt.Errorf("config.Concurrency must be >= 1, got %d", c.Concurrency))
+		bad("Concurrency", c.Concurrency, "must be 1 or more")
 	}
 	if c.Lease < LeaseMin {
-		errs = append(errs, fmt.Errorf("config.Lease must be >= %s, got %s", LeaseMin, c.Lease))
+		bad("Lease", c.Lease, "must be at least %s", LeaseMin)
 	}
-	if c.ReapInterval <= 0 || c.ReapInterval >= c.Lease {
-		errs = append(errs, fmt.Errorf("config.ReapInterval must be > 0 and shorter than Lease (%s), got %s", c.Lease, c.ReapInterval))
+	if c.ReapInterval != Off && (c.ReapInterval <= 0 || c.ReapInterval >= c.Lease) {
+		bad("ReapInterval", c.ReapInterval, "must be more than 0 and shorter than the lease (%s), or Off", c.Lease)
 	}
 	if c.PollInterval <= 0 {
-		errs = append(errs, fmt.Errorf("config.PollInterval must be > 0, got %s", c.PollInterval))
+		bad("PollInterval", c.PollInterval, "must be more than 0")
 	}
-	if c.ShutdownGrace < 0 {
-		errs = append(errs, fmt.Errorf("config.ShutdownGrace must be >= 0, got %s", c.ShutdownGrace))
+	if c.ShutdownGrace < 0 && c.ShutdownGrace != Off {
+		bad("ShutdownGrace", c.ShutdownGrace, "must be 0 or more")
 	}
-	if c.PruneInterval <= 0 {
-		errs = append(errs, fmt.Errorf("config.PruneInterval must be > 0, got %s", c.PruneInterval))
+	for _, f := range []struct {
+		name string
+		d    time.Duration
+		off  string
+	}{
+		{"PruneInterval", c.PruneInterval, "Off"}, {"ScheduleInterval", c.ScheduleInterval, "Off"},
+		{"BacklogInterval", c.BacklogInterval, "Off"},
+		{"RetentionComplete", c.RetentionComplete, "KeepForever"}, {"RetentionFailed", c.RetentionFailed, "KeepForever"},
+	} {
+		if f.d <= 0 && f.d != Off {
+			bad(f.name, f.d, "must be more than 0, or %s", f.off)
+		}
 	}
 	if c.DefaultTimeout <= 0 {
-		errs = append(errs, fmt.Errorf("config.DefaultTimeout must be > 0, got %s", c.DefaultTimeout))
+		bad("DefaultTimeout", c.DefaultTimeout, "must be more than 0")
+	}
+	if strings.TrimSpace(c.WorkerID) != c.WorkerID {
+		bad("WorkerID", fmt.Sprintf("%q", c.WorkerID), "must not start or end with spaces")
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("stepready: invalid config: %w", err)

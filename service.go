@@ -9,17 +9,19 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/stepready/stepready/internal/dispatch"
+	"github.com/stepready/stepready/internal/maintenance"
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/store"
-	"github.com/stepready/stepready/readiness"
-	"github.com/stepready/stepready/schedules"
-	"github.com/stepready/stepready/steps"
+	"github.com/stepready/stepready/internal/worker"
+	"github.com/stepready/stepready/migrations"
 )
 
-// service is a started client: the poller, the listener, the reaper, the schedule leader and a dispatcher.
+// service is a started client: the poller, the listener, the maintenance services and a dispatcher.
 type service struct {
-	cancelFetch context.CancelFunc // stops claiming, listening and reaping
+	cancelFetch context.CancelFunc // stops claiming and listening
 	fetchWG     sync.WaitGroup
+	maintainer  *maintenance.Maintainer
 	shutdown    func(context.Context) error // drains the dispatcher
 	ownPool     *pgxpool.Pool               // the pool opened for poll-only (poolerPool), closed last; or nil
 	stopped     chan struct{}
@@ -45,6 +47,11 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	cfg := c.cfg
 	log := cfg.Logger
+	// The database must hold this build's schema and functions: refuse now, with what to do, rather than fail on
+	// every claim.
+	if err := migrations.Check(ctx, c.pool); err != nil {
+		return fmt.Errorf("stepready: %w", err)
+	}
 	svc := &service{stopped: make(chan struct{})}
 	pool := c.pool
 	if cfg.PollOnly {
@@ -63,17 +70,29 @@ func (c *Client) Start(ctx context.Context) error {
 		}
 	}()
 	m := metrics.New(cfg.Metrics)
-	exec := &steps.Executor{Pool: pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
+	maintainer, err := maintenance.New(maintenance.Config{
+		Env:              maintenance.Env{Pool: pool, Logger: log, Metrics: m},
+		LeaseReaper:      maintenance.LeaseReaperConfig{Interval: cfg.ReapInterval},
+		TaskPruner:       maintenance.TaskPrunerConfig{Interval: cfg.PruneInterval, RetentionComplete: cfg.RetentionComplete, RetentionFailed: cfg.RetentionFailed},
+		FlowKeyPruner:    maintenance.FlowKeyPrunerConfig{Interval: cfg.PruneInterval},
+		ScheduleEnqueuer: maintenance.ScheduleEnqueuerConfig{Interval: cfg.ScheduleInterval},
+		BacklogExporter:  maintenance.BacklogExporterConfig{Interval: cfg.BacklogInterval},
+	})
+	if err != nil {
+		return fmt.Errorf("stepready: %w", err)
+	}
+	exec := &worker.Executor{Pool: pool, Registry: cfg.Registry, Worker: cfg.WorkerID, Lease: cfg.Lease,
 		DefaultTimeout: cfg.DefaultTimeout, MaxOutputBytes: cfg.MaxOutputBytes, Logger: log, Metrics: m}
 
 	// Outcomes are recorded in batches (complete_steps, fail_steps); River's workers, which receive their steps
 	// one job at a time, also start them in batches (start_steps). The batchers stop after the dispatcher has
 	// drained, so every outcome of a worker that returned is recorded.
-	exec.Recorder = steps.NewBatchRecorder(pool, steps.BatchMaxDefault, log)
-	var disp readiness.Dispatcher
+	exec.Recorder = worker.NewBatchRecorder(pool, worker.BatchMaxDefault, log)
+	svc.maintainer = maintainer
+	var disp dispatch.Dispatcher
 	switch cfg.Dispatch {
 	case DispatchDirect:
-		d := readiness.NewDirect(pool, exec, cfg.Concurrency, m)
+		d := dispatch.NewDirect(pool, exec, cfg.Concurrency, m)
 		disp = d
 		svc.shutdown = func(ctx context.Context) error {
 			d.Shutdown(ctx)
@@ -81,12 +100,12 @@ func (c *Client) Start(ctx context.Context) error {
 			return nil
 		}
 	default:
-		exec.Starter = steps.NewBatchStarter(pool, cfg.WorkerID, cfg.Lease, steps.BatchMaxDefault, log)
+		exec.Starter = worker.NewBatchStarter(pool, cfg.WorkerID, cfg.Lease, worker.BatchMaxDefault, log)
 		stopBatchers := func() {
 			exec.Starter.Stop()
 			exec.Recorder.Stop()
 		}
-		r, err := readiness.NewRiver(readiness.RiverConfig{Pool: pool, Executor: exec,
+		r, err := dispatch.NewRiver(dispatch.RiverConfig{Pool: pool, Executor: exec,
 			Concurrency: cfg.Concurrency, PollOnly: cfg.PollOnly, PollInterval: cfg.PollInterval, Logger: log, Metrics: m})
 		if err != nil {
 			stopBatchers()
@@ -117,22 +136,21 @@ func (c *Client) Start(ctx context.Context) error {
 		}()
 	}
 	if !cfg.PollOnly {
-		l := &readiness.Listener{ConnConfig: pool.Config().ConnConfig.Copy(), Wake: wake, Logger: log}
+		l := &dispatch.Listener{ConnConfig: pool.Config().ConnConfig.Copy(), Wake: wake, Logger: log}
 		run("listener", l.Run)
 	}
-	p := &readiness.Poller{DB: pool, Dispatcher: disp, Wake: wake, PollInterval: cfg.PollInterval, Logger: log}
+	p := &dispatch.Poller{DB: pool, Dispatcher: disp, Wake: wake, PollInterval: cfg.PollInterval, Logger: log}
 	if cfg.Dispatch == DispatchDirect {
 		// Two batches in flight: one is claimed while the other runs and is recorded.
 		p.ClaimMax = max((cfg.Concurrency+1)/2, 1)
 	}
 	run("poller", p.Run)
-	rp := &readiness.Reaper{Pool: pool, Interval: cfg.ReapInterval, Logger: log, Metrics: m}
-	run("reaper", rp.Run)
-	pr := &readiness.Pruner{Pool: pool, Interval: cfg.PruneInterval, RetentionComplete: cfg.RetentionComplete,
-		RetentionFailed: cfg.RetentionFailed, Logger: log, Metrics: m}
-	run("pruner", pr.Run)
-	sl := &schedules.Leader{Pool: pool, Logger: log, Metrics: schedules.NewMetrics(cfg.Metrics)}
-	run("schedule leader", sl.Run)
+	if err := maintainer.Start(fetchCtx); err != nil {
+		cancel()
+		svc.fetchWG.Wait()
+		_ = svc.shutdown(ctx)
+		return fmt.Errorf("stepready: start maintenance: %w", err)
+	}
 
 	c.svc = svc
 	started = true
@@ -179,7 +197,8 @@ func (c *Client) Stop(ctx context.Context) error {
 			slog.Duration("grace", c.cfg.ShutdownGrace))
 		svc.cancelFetch()
 		svc.fetchWG.Wait()
-		grace, cancel := context.WithTimeout(ctx, c.cfg.ShutdownGrace)
+		svc.maintainer.Stop()
+		grace, cancel := context.WithTimeout(ctx, max(c.cfg.ShutdownGrace, 0))
 		defer cancel()
 		svc.stopErr = svc.shutdown(grace)
 		if svc.ownPool != nil {

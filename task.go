@@ -20,7 +20,7 @@ var ErrInvalidDefinition = errors.New("stepready: invalid task definition")
 // outcome rules are compiled and type-checked here first (SQL cannot run CEL); everything else is validated by
 // stepready.create_task, which writes nothing unless the whole definition is valid. An idempotency key already
 // used returns the existing task's id. db is a pool, a connection or a transaction.
-func CreateTask(ctx context.Context, db store.DBTX, definition json.RawMessage) (int64, error) {
+func CreateTask(ctx context.Context, db DBTX, definition json.RawMessage) (int64, error) {
 	if !utf8.Valid(definition) {
 		return 0, fmt.Errorf("%w: definition: not valid UTF-8 (at byte %d)", ErrInvalidDefinition, invalidUTF8At(definition))
 	}
@@ -50,7 +50,7 @@ type Created struct {
 // names the definition's 0-based index: `definitions[3]: steps[1] "load": rules[0].when: …`. Idempotency keys
 // repeated within the batch, or already used, return the existing task with Created false. An empty slice
 // creates nothing and returns an empty result. db is a pool, a connection or a transaction.
-func CreateTasks(ctx context.Context, db store.DBTX, definitions []json.RawMessage) ([]Created, error) {
+func CreateTasks(ctx context.Context, db DBTX, definitions []json.RawMessage) ([]Created, error) {
 	if len(definitions) == 0 {
 		return []Created{}, nil
 	}

@@ -16,9 +16,9 @@ import (
 	"strings"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/stepready/stepready"
 	"github.com/stepready/stepready/internal/readmodel"
 	"github.com/stepready/stepready/internal/store"
 )
@@ -203,22 +203,44 @@ func (c *Console) authorized(w http.ResponseWriter, r *http.Request) bool {
 	return false
 }
 
-// An action: the SQL operator call and the message of its success.
+// uiActor is what the console's actions record as details.actor of their operator events.
+var uiActor = stepready.OperatorOptions{Actor: "ui"}
+
+// An action: the library's operator call and the message of its success.
 type action struct {
-	sql  string
+	call func(ctx context.Context, db stepready.Beginner, id int64, r *http.Request) error
 	done string
 }
 
 var taskActions = map[string]action{
-	"cancel": {`SELECT stepready.cancel_task($1, 'cancelled from the web console')`, "task %d cancelled"},
-	"pause":  {`SELECT stepready.pause_task($1)`, "task %d paused"},
-	"resume": {`SELECT stepready.resume_task($1)`, "task %d resumed"},
-	"reset":  {`SELECT stepready.reset_task($1)`, "task %d reset: its failed, skipped and cancelled steps run again"},
+	"cancel": {func(ctx context.Context, db stepready.Beginner, id int64, _ *http.Request) error {
+		_, err := stepready.CancelTask(ctx, db, id, "cancelled from the web console", uiActor)
+		return err
+	}, "task %d cancelled"},
+	"pause": {func(ctx context.Context, db stepready.Beginner, id int64, _ *http.Request) error {
+		_, err := stepready.PauseTask(ctx, db, id, uiActor)
+		return err
+	}, "task %d paused"},
+	"resume": {func(ctx context.Context, db stepready.Beginner, id int64, _ *http.Request) error {
+		_, err := stepready.ResumeTask(ctx, db, id, uiActor)
+		return err
+	}, "task %d resumed"},
+	"reset": {func(ctx context.Context, db stepready.Beginner, id int64, _ *http.Request) error {
+		_, err := stepready.ResetTask(ctx, db, id, uiActor)
+		return err
+	}, "task %d reset: its failed, skipped and cancelled steps run again"},
 }
 
 var stepActions = map[string]action{
-	"retry":   {`SELECT stepready.retry_step_now($1)`, "step %d will be retried now"},
-	"resolve": {`SELECT stepready.resolve_step($1, $2::jsonb)`, "step %d resolved by hand"},
+	"retry": {func(ctx context.Context, db stepready.Beginner, id int64, _ *http.Request) error {
+		_, err := stepready.RetryStepNow(ctx, db, id, uiActor)
+		return err
+	}, "step %d will be retried now"},
+	"resolve": {func(ctx context.Context, db stepready.Beginner, id int64, r *http.Request) error {
+		out := json.RawMessage(strings.TrimSpace(r.PostFormValue("output")))
+		_, err := stepready.ResolveStep(ctx, db, id, out, uiActor)
+		return err
+	}, "step %d resolved by hand"},
 }
 
 func (c *Console) taskAction(w http.ResponseWriter, r *http.Request) {
@@ -234,7 +256,7 @@ func (c *Console) taskAction(w http.ResponseWriter, r *http.Request) {
 	if !c.authorized(w, r) {
 		return
 	}
-	c.runAction(w, r, fmt.Sprintf("/tasks/%d", id), fmt.Sprintf(a.done, id), a.sql, id)
+	c.runAction(w, r, fmt.Sprintf("/tasks/%d", id), fmt.Sprintf(a.done, id), a, id)
 }
 
 func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
@@ -256,9 +278,8 @@ func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
 	}
 	// The step must be the task's: the operator functions take the step's id alone, so without this check
 	// /tasks/1/steps/2/resolve would act on step 2 whatever its task.
-	var owner int64
-	switch err := c.pool.QueryRow(r.Context(), readmodel.Query("step_task"), stepID).Scan(&owner); {
-	case errors.Is(err, pgx.ErrNoRows) || (err == nil && owner != taskID):
+	switch owner, err := readmodel.StepTask(r.Context(), c.pool, stepID); {
+	case errors.Is(err, readmodel.ErrNotFound) || (err == nil && owner != taskID):
 		http.Error(w, fmt.Sprintf("task %d has no step %d", taskID, stepID), http.StatusNotFound)
 		return
 	case err != nil:
@@ -266,36 +287,31 @@ func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	back := fmt.Sprintf("/tasks/%d/steps/%d", taskID, stepID)
-	args := []any{stepID}
-	if r.PathValue("action") == "resolve" {
-		out := strings.TrimSpace(r.PostFormValue("output"))
-		if !json.Valid([]byte(out)) {
-			setFlash(w, flash{Error: true, Message: "the output must be a JSON document (for example {\"ok\": true} or null)"})
-			http.Redirect(w, r, back, http.StatusSeeOther)
-			return
-		}
-		args = append(args, out)
+	if r.PathValue("action") == "resolve" && !json.Valid([]byte(strings.TrimSpace(r.PostFormValue("output")))) {
+		setFlash(w, flash{Error: true, Message: "the output must be a JSON document (for example {\"ok\": true} or null)"})
+		http.Redirect(w, r, back, http.StatusSeeOther)
+		return
 	}
-	c.runAction(w, r, back, fmt.Sprintf(a.done, stepID), a.sql, args...)
+	c.runAction(w, r, back, fmt.Sprintf(a.done, stepID), a, stepID)
 }
 
-// runAction calls the operator function in a transaction that names the actor, and sends the browser back to
-// back with the outcome: a refusal of the database is a message, not an error page.
-func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done, sql string, args ...any) {
-	err := pgx.BeginFunc(r.Context(), c.pool, func(tx pgx.Tx) error {
-		if err := store.NameActor(r.Context(), tx, "ui"); err != nil {
-			return err
-		}
-		_, err := tx.Exec(r.Context(), sql, args...)
-		return err
-	})
+// runAction runs the library's operator action a on id (actor "ui"), and sends the browser back to back with the
+// outcome: a refusal of the database is a message, not an error page.
+func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done string, a action, id int64) {
+	err := store.NameGrantingRoles(r.Context(), c.pool, a.call(r.Context(), c.pool, id, r))
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		c.log.Info("console: action", "what", done)
 		setFlash(w, flash{Message: done})
+	case errors.Is(err, stepready.ErrNotFound):
+		setFlash(w, flash{Error: true, Message: "refused: " + err.Error()})
+		back = "/" // the task or step is gone: its page would be a 404
 	case errors.As(err, &pgErr) && refusal(pgErr.Code):
 		msg := pgErr.Message
+		if pgErr.Code == "42501" {
+			msg = err.Error() // with the roles that grant it
+		}
 		if pgErr.Detail != "" {
 			msg += " (" + pgErr.Detail + ")"
 		}
@@ -314,12 +330,13 @@ func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done, 
 }
 
 // refusal says whether a SQLSTATE is the database saying no to what was asked, whose message the operator should
-// read: an impossible transition (55000), an unknown task or step (P0002), a check (23514), or any data exception
+// read: an impossible transition (55000), an unknown task or step (P0002), a check (23514), a missing privilege
+// (42501, with the roles that grant it: the console's own role may not act), or any data exception
 // (class 22: a bad argument, 22023 and 22P02, or a value PostgreSQL cannot store, such as a resolve output holding
 // \u0000, 22P05, or a number out of range, 22003).
 func refusal(code string) bool {
 	switch code {
-	case "55000", "P0002", "23514":
+	case "55000", "P0002", "23514", "42501":
 		return true
 	}
 	return strings.HasPrefix(code, "22")

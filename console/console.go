@@ -21,15 +21,11 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/stepready/stepready/internal/readmodel"
 )
 
 //go:embed templates/*.html
@@ -100,7 +96,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 		}
 		c.auth = a
 	}
-	for _, page := range []string{"tasks", "task", "step", "templates", "policies", "table", "login"} {
+	for _, page := range []string{"tasks", "task", "step", "templates", "policies", "schedules", "table", "login"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html",
 			"templates/"+page+".html")
 		if err != nil {
@@ -195,69 +191,4 @@ func (c *Console) healthz(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 	_, _ = w.Write([]byte("ok\n"))
-}
-
-// page is what every page's layout needs.
-type page struct {
-	Title   string
-	Nav     string
-	Queues  []queueStat
-	Actions actionsView
-	Flash   *flash
-	Path    string
-	Data    any
-}
-
-// queueStat is one row of stepready.queue_stats.
-type queueStat struct {
-	Queue             string
-	Ready             int64
-	InFlight          int64
-	WaitingForRetry   int64
-	DueWithinMinute   int64
-	OldestReadySecond *float64
-}
-
-// render writes page name with the header's backlog.
-func (c *Console) render(w http.ResponseWriter, r *http.Request, name, title, nav string, data any) {
-	p := page{Title: title, Nav: nav, Data: data, Actions: c.actionsView(r), Flash: takeFlash(w, r),
-		Path: r.URL.Path}
-	rows, err := c.pool.Query(r.Context(), readmodel.Query("queue_stats"), nil)
-	if err == nil {
-		p.Queues, err = pgx.CollectRows(rows, pgx.RowToStructByPos[queueStat])
-	}
-	if err != nil {
-		c.fail(w, "backlog", err)
-		return
-	}
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	if err := c.tmpl[name].Execute(w, p); err != nil {
-		c.log.Error("console: render", "page", name, "err", err)
-	}
-}
-
-// fail answers 500 without the error's text (which may name internals) and logs it.
-func (c *Console) fail(w http.ResponseWriter, what string, err error) {
-	c.log.Error("console: query failed", "what", what, "err", err)
-	http.Error(w, "internal error reading "+what, http.StatusInternalServerError)
-}
-
-// int64Param parses an optional positive int64 query or path value; ok is false on a malformed one.
-func int64Param(s string) (v *int64, ok bool) {
-	if s == "" {
-		return nil, true
-	}
-	n, err := strconv.ParseInt(s, 10, 64)
-	if err != nil || n <= 0 {
-		return nil, false
-	}
-	return &n, true
-}
-
-// optText is NULL for an empty string.
-func optText(s string) *string {
-	if s == "" {
-		return nil
-	}
-	return &s
 }

@@ -24,9 +24,10 @@ func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
 // fixture is a migrated database with a console served over it.
 type fixture struct {
-	t    *testing.T
-	pool *pgxpool.Pool
-	srv  *httptest.Server
+	t       *testing.T
+	pool    *pgxpool.Pool
+	srv     *httptest.Server
+	console *Console
 }
 
 func newFixture(t *testing.T) *fixture {
@@ -36,7 +37,7 @@ func newFixture(t *testing.T) *fixture {
 	require.NoError(t, err)
 	srv := httptest.NewServer(c)
 	t.Cleanup(func() { c.Close(); srv.Close() })
-	return &fixture{t: t, pool: db.Pool, srv: srv}
+	return &fixture{t: t, pool: db.Pool, srv: srv, console: c}
 }
 
 func (f *fixture) exec(sql string, args ...any) {
@@ -282,36 +283,24 @@ func TestQueueStats(t *testing.T) {
 	f.fail(a, "z", "later")
 	f.exec(`ANALYZE stepready.steps`)
 
-	type stat struct {
-		Queue                               string
-		Ready, InFlight, Waiting, DueMinute int64
-		Oldest                              *float64
-	}
-	rows, err := f.pool.Query(t.Context(), readmodel.Query("queue_stats"), nil)
+	got, err := readmodel.Backlog(t.Context(), f.pool)
 	require.NoError(t, err)
-	var got []stat
-	for rows.Next() {
-		var s stat
-		require.NoError(t, rows.Scan(&s.Queue, &s.Ready, &s.InFlight, &s.Waiting, &s.DueMinute, &s.Oldest))
-		got = append(got, s)
-	}
-	require.NoError(t, rows.Err())
 	require.Len(t, got, 2)
 	require.Equal(t, "q1", got[0].Queue)
 	require.Equal(t, int64(1), got[0].Ready)
 	require.Equal(t, int64(1), got[0].InFlight)
-	require.NotNil(t, got[0].Oldest)
+	require.Positive(t, got[0].OldestReadySeconds)
 	require.Equal(t, "q2", got[1].Queue)
 	require.Equal(t, int64(0), got[1].Ready)
-	require.Equal(t, int64(1), got[1].Waiting)
-	require.Equal(t, int64(1), got[1].DueMinute) // standard preset: retry in 1 s
-	require.Nil(t, got[1].Oldest)
+	require.Equal(t, int64(1), got[1].WaitingForRetry)
+	require.Equal(t, int64(1), got[1].DueWithinMinute) // standard preset: retry in 1 s
+	require.Zero(t, got[1].OldestReadySeconds)
 
 	// Never a scan of the finished rows: the plan reads the partial indexes only.
 	var plan string
 	require.NoError(t, f.pool.QueryRow(t.Context(), `EXPLAIN (ANALYZE, FORMAT TEXT)
 		SELECT * FROM stepready.queue_stats(now())`).Scan(&plan))
-	rows, err = f.pool.Query(t.Context(), `EXPLAIN (ANALYZE, COSTS OFF)
+	rows, err := f.pool.Query(t.Context(), `EXPLAIN (ANALYZE, COSTS OFF)
 		WITH claimable AS (SELECT s.queue FROM stepready.steps s
 		 WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held),
 		flying AS (SELECT s.queue FROM stepready.steps s WHERE s.state IN ('enqueued', 'in_progress'))
@@ -353,4 +342,61 @@ func TestLayoutDAG(t *testing.T) {
 	}
 	require.Less(t, x["p"], x["q"])
 	require.Less(t, x["pc"], x["qc"], "children follow their parents' order")
+}
+
+// An event whose transaction commits after a later event's still reaches the page: the live poller reads from
+// a cursor that waits for the missing id (the old `id > last` read skipped it for ever).
+func TestLateCommittedEventReachesTheStream(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	watched := f.createTask(diamond)
+	other := f.createTask(diamond)
+	// waitRead waits until the poller has read event id, then for `more` polls after that.
+	waitRead := func(id int64, more int) {
+		deadline := time.Now().Add(5 * time.Second)
+		first := -1
+		for {
+			read, polls := f.console.live.readUpTo(id)
+			if read && first < 0 {
+				first = polls
+			}
+			if read && polls >= first+more {
+				return
+			}
+			require.True(t, time.Now().Before(deadline), "the poller never read event %d", id)
+			<-time.After(10 * time.Millisecond)
+		}
+	}
+	var created int64
+	require.NoError(t, f.pool.QueryRow(t.Context(), `SELECT COALESCE(max(id), 0) FROM stepready.step_events`).Scan(&created))
+	waitRead(created, 0) // the creation events are read before the stream opens: only the late one can wake it
+	insert := `INSERT INTO stepready.step_events (task_id, event, details) VALUES ($1, 'operator.test', '{}') RETURNING id`
+
+	// The watched task's event takes the lower id and stays uncommitted while the other task's commits.
+	late, err := f.pool.Begin(t.Context())
+	require.NoError(t, err)
+	defer func() { _ = late.Rollback(context.WithoutCancel(t.Context())) }()
+	var lateID, earlyID int64
+	require.NoError(t, late.QueryRow(t.Context(), insert, watched).Scan(&lateID))
+	require.NoError(t, f.pool.QueryRow(t.Context(), insert, other).Scan(&earlyID))
+	require.Greater(t, earlyID, lateID)
+
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, fmt.Sprintf("%s/events?task=%d", f.srv.URL, watched), nil)
+	require.NoError(t, err)
+	resp, err := http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	lines := bufio.NewScanner(resp.Body)
+	require.True(t, lines.Scan()) // retry:
+	// Let the poller read past the other task's event, and poll twice more, before the late commit.
+	waitRead(earlyID, 2)
+	require.NoError(t, late.Commit(t.Context()))
+	for lines.Scan() {
+		if lines.Text() == "event: changed" {
+			return
+		}
+	}
+	t.Fatalf("the late event never reached the stream: %v", lines.Err())
 }

@@ -6,13 +6,21 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/internal/readmodel"
 )
+
+// genericTable is a table of text cells (the flow page's).
+type genericTable struct {
+	Exists  bool
+	Empty   string
+	Columns []string
+	Rows    [][]string
+}
 
 // flowPage lists the flow control keys (SPEC §14) from stepready.flow_status, the read model `scheduler flow
 // list` prints: limits, steps in flight, tokens, waiting steps and what holds them back.
 func (c *Console) flowPage(w http.ResponseWriter, r *http.Request) {
-	keys, err := store.FlowStatus(r.Context(), c.pool)
+	keys, err := readmodel.Flow(r.Context(), c.pool)
 	if err != nil {
 		c.fail(w, "flow limits", err)
 		return

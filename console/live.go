@@ -9,14 +9,15 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // hub is the console's one source of live updates: a single goroutine per console process reads the step
 // events written since its last look (a range of the step_events primary key, so each poll costs what is new,
 // not what exists) every interval, and fans the task ids out to every open event stream of those tasks, however
-// many browsers are open. Polling was chosen over LISTEN: it needs no trigger on step_events (nothing added to
+// many browsers are open. The reads go through readmodel.EventCursor, which misses no event that commits late. Polling was chosen over LISTEN: it needs no trigger on step_events (nothing added to
 // the claim/complete hot path) and no dedicated connection, at the price of up to one interval of delay
 // (300 ms by default, within SPEC §16's one second).
 type hub struct {
@@ -24,8 +25,10 @@ type hub struct {
 	interval time.Duration
 	log      *slog.Logger
 
-	mu   sync.Mutex
-	subs map[int64]map[chan struct{}]struct{}
+	mu    sync.Mutex
+	subs  map[int64]map[chan struct{}]struct{}
+	read  int64 // the highest event id read so far (tests wait on it)
+	polls int   // polls done (tests wait on it)
 }
 
 func newHub(pool *pgxpool.Pool, interval time.Duration, log *slog.Logger) *hub {
@@ -52,11 +55,12 @@ func (h *hub) subscribe(id int64) (chan struct{}, func()) {
 }
 
 func (h *hub) run(ctx context.Context) {
-	var last int64
-	if err := h.pool.QueryRow(ctx, `SELECT COALESCE(max(id), 0) FROM stepready.step_events`).Scan(&last); err != nil {
+	cursor, err := readmodel.NewEventCursor(ctx, h.pool)
+	if err != nil {
 		if ctx.Err() == nil {
 			h.log.Warn("console: live updates: first read failed", "err", err)
 		}
+		cursor = readmodel.NewEventCursorAt(0)
 	}
 	ticker := time.NewTicker(h.interval)
 	defer ticker.Stop()
@@ -66,30 +70,19 @@ func (h *hub) run(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
-		h.mu.Lock()
-		idle := len(h.subs) == 0
-		h.mu.Unlock()
-		rows, err := h.pool.Query(ctx, `SELECT ev.id, ev.task_id FROM stepready.step_events ev
-			WHERE ev.id > $1 ORDER BY ev.id LIMIT 10000`, last)
-		var seen []struct{ ID, Task int64 }
-		if err == nil {
-			seen, err = pgx.CollectRows(rows, pgx.RowToStructByPos[struct{ ID, Task int64 }])
-		}
+		// The cursor also finds an event whose transaction committed after a later one's.
+		seen, err := cursor.Poll(ctx, h.pool, 10_000, time.Now())
 		if err != nil {
 			if ctx.Err() == nil {
 				h.log.Warn("console: live updates: poll failed", "err", err)
 			}
 			continue
 		}
-		if len(seen) > 0 {
-			last = seen[len(seen)-1].ID
-		}
-		if idle {
-			continue
-		}
 		h.mu.Lock()
+		h.polls++
 		for _, s := range seen {
-			for ch := range h.subs[s.Task] {
+			h.read = max(h.read, s.ID)
+			for ch := range h.subs[s.TaskID] {
 				select {
 				case ch <- struct{}{}:
 				default:
@@ -134,4 +127,11 @@ func (c *Console) events(w http.ResponseWriter, r *http.Request) {
 		}
 		flusher.Flush()
 	}
+}
+
+// readUpTo reports whether the poller has read event id, and how many polls it has done.
+func (h *hub) readUpTo(id int64) (bool, int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.read >= id, h.polls
 }

@@ -152,13 +152,28 @@ func applyRoles(ctx context.Context, databaseURL string, logger *slog.Logger, sk
 	return nil
 }
 
-// Down removes River's tables completely, then steps the versioned stepready schema down: every applied version
-// when steps <= 0, else at most steps versions (asking for more steps than there are versions goes down to zero
-// and logs a warning). Functions and triggers go with the schema that holds them. Data in the removed tables is
+// Down steps the versioned stepready schema down: every applied version when steps <= 0, else at most steps
+// versions. River's tables go only with the last stepready version (steps <= 0, or steps reaching version zero):
+// a rollback of some versions keeps them, and the jobs in them. Functions and triggers go with the schema that holds them. Data in the removed tables is
 // lost: Down is for development and rollback, not for routine use.
 func Down(ctx context.Context, databaseURL string, logger *slog.Logger, steps int) error {
 	logger = orDiscard(logger)
 
+	if steps > 0 {
+		// A rollback of some versions keeps River's tables (and the jobs in them): stepready still uses them.
+		// They go only with the last stepready version.
+		state, err := Status(ctx, databaseURL)
+		if err != nil {
+			return fmt.Errorf("migrations: down: %w", err)
+		}
+		if uint(steps) < state.Version {
+			if err := schemaDown(ctx, databaseURL, logger, steps); err != nil {
+				return fmt.Errorf("migrations: down: stepready schema: %w", err)
+			}
+			return nil
+		}
+		steps = 0
+	}
 	if err := riverMigrate(ctx, databaseURL, logger, rivermigrate.DirectionDown); err != nil {
 		return fmt.Errorf("migrations: down: river: %w", err)
 	}
@@ -533,6 +548,10 @@ func applySQL(ctx context.Context, databaseURL string, logger *slog.Logger) erro
 	if err != nil {
 		return fmt.Errorf("functions and triggers: %w", err)
 	}
+	digest, err := stepreadysql.Digest()
+	if err != nil {
+		return fmt.Errorf("functions and triggers: %w", err)
+	}
 
 	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
@@ -549,6 +568,10 @@ func applySQL(ctx context.Context, databaseURL string, logger *slog.Logger) erro
 			if _, err := tx.Exec(ctx, file.Contents); err != nil {
 				return fmt.Errorf("sql/%s%s: %w", file.Name, errorLine(file.Contents, err), err)
 			}
+		}
+		// Which build's functions these are: Check compares it with the running binary's.
+		if _, err := tx.Exec(ctx, "COMMENT ON SCHEMA stepready IS "+quoteLiteral(digestComment+digest)); err != nil {
+			return fmt.Errorf("functions and triggers: record their digest: %w", err)
 		}
 		return nil
 	})

@@ -127,13 +127,14 @@ func TestDownBySteps(t *testing.T) {
 	after, err := migrations.Status(ctx, db.URL)
 	require.NoError(t, err)
 	require.Equal(t, previousVersion(t, before.Latest), after.Version)
-	require.Zero(t, after.RiverVersion, "River goes completely whatever the steps")
+	require.Equal(t, before.RiverVersion, after.RiverVersion, "a one-version rollback keeps River's tables")
 
-	// More steps than versions goes to zero without failing.
+	// More steps than versions goes to zero without failing, River's tables with it.
 	require.NoError(t, migrations.Down(ctx, db.URL, nil, int(before.Latest)+5))
 	after, err = migrations.Status(ctx, db.URL)
 	require.NoError(t, err)
 	require.Zero(t, after.Version)
+	require.Zero(t, after.RiverVersion, "River's tables go with the last stepready version")
 }
 
 func TestDirtyVersionBlocksUpUntilForced(t *testing.T) {
@@ -192,4 +193,35 @@ func previousVersion(t *testing.T, latest uint) uint {
 		}
 	}
 	return prev
+}
+
+// Check names what is wrong with the database's schema, as the daemon and the commands show it.
+func TestCheckComparesTheSchemaWithTheBinary(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	empty := pgtest.NewEmpty(t)
+	require.ErrorIs(t, migrations.Check(ctx, empty.Pool), migrations.ErrNotMigrated)
+
+	db := pgtest.New(t)
+	require.NoError(t, migrations.Check(ctx, db.Pool))
+	table := "public." + migrations.MigrationsTable
+	for _, tc := range []struct {
+		sql  string
+		kind error
+		want string
+	}{
+		{`UPDATE ` + table + ` SET version = version - 1`, migrations.ErrSchemaOlder, "is older than this binary"},
+		{`UPDATE ` + table + ` SET version = version + 1`, migrations.ErrSchemaNewer, "is newer than this binary"},
+		{`UPDATE ` + table + ` SET dirty = true`, migrations.ErrSchemaDirty, "is dirty"},
+		{`COMMENT ON SCHEMA stepready IS NULL`, migrations.ErrSchemaOlder, "functions of another build"},
+	} {
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, tc.sql)
+		require.NoError(t, err)
+		err = migrations.Check(ctx, tx)
+		require.ErrorIs(t, err, tc.kind, tc.sql)
+		require.ErrorContains(t, err, tc.want)
+		require.NoError(t, tx.Rollback(ctx))
+	}
 }

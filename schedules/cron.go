@@ -1,18 +1,19 @@
 // Package schedules runs stepready's cron schedules (SPEC §15): parsing cron expressions and time zones,
-// computing fire times, storing schedules in stepready.schedules, and the Leader service that fires them.
+// computing fire times and storing schedules in stepready.schedules. The daemon's schedule enqueuer (a
+// maintenance service of every client) fires them.
 //
 // Fire times are computed here, in Go, with github.com/robfig/cron/v3 (the cron library of the Go ecosystem);
-// the bookkeeping that makes a fire happen exactly once is SQL (sql/130_schedules.sql): one elected leader per
+// the bookkeeping that makes a fire happen exactly once is SQL (sql/130_schedules.sql): one elected instance per
 // round, a compare-and-swap on next_fire_at, and the task's idempotency key schedule:NAME:FIRE_TIME.
 //
 // A schedule's life:
 //
 //	put_schedule ──► next_fire_at = first fire after now
 //	   │
-//	   ▼   leader round, next_fire_at <= now
+//	   ▼   enqueuer round (elected instance), next_fire_at <= now
 //	fire_schedule ──► fired   (task created, next_fire_at = following fire time)
 //	              ──► skipped (overlap: skip, previous task still running; next_fire_at advances)
-//	              ──► failed  (template missing/invalid: last_error set, retried ErrorRetry later)
+//	              ──► failed  (template missing/invalid: last_error set, retried after the enqueuer's ErrorRetry)
 //	pause_schedule / resume_schedule (next fire after the resume) / delete_schedule
 package schedules
 
@@ -60,6 +61,15 @@ func Parse(expr, tz string) (*Spec, error) {
 	if err != nil || tz == "Local" {
 		return nil, fmt.Errorf("%w: timezone %q: not an IANA time zone name (for example UTC, Europe/Berlin)",
 			ErrInvalid, tz)
+	}
+	// The cron library fires @every at whole seconds: it would silently make @every 500ms fire every second and
+	// @every 2500ms every 2 s. Refuse what it cannot keep.
+	if rest, ok := strings.CutPrefix(expr, "@every "); ok {
+		d, err := time.ParseDuration(strings.TrimSpace(rest))
+		if err == nil && (d < time.Second || d%time.Second != 0) {
+			return nil, fmt.Errorf("%w: cron %q: @every takes whole seconds, at least 1s (fires are whole seconds)",
+				ErrInvalid, expr)
+		}
 	}
 	sched, err := parser.Parse(expr)
 	if err != nil {

@@ -26,6 +26,10 @@ func TestParseErrorsNameTheField(t *testing.T) {
 		{"CRON_TZ=Europe/Berlin 0 2 * * *", "UTC", "timezone field"},
 		{"0 2 * * *", "Mars/Olympus", `timezone "Mars/Olympus"`},
 		{"0 2 * * *", "Local", `timezone "Local"`},
+		{"@every 500ms", "UTC", `cron "@every 500ms": @every takes whole seconds, at least 1s`},
+		{"@every 1500ms", "UTC", "whole seconds"},
+		{"@every 2.5s", "UTC", "whole seconds"},
+		{"@every 0s", "UTC", "whole seconds"},
 	} {
 		_, err := Parse(tc.cron, tc.tz)
 		require.ErrorIs(t, err, ErrInvalid, tc.cron)

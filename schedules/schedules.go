@@ -8,9 +8,18 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/stepready/stepready/internal/store"
 )
+
+// DBTX is what the calls need to reach the database: *pgxpool.Pool, *pgx.Conn and pgx.Tx all satisfy it, so a
+// call runs on a pool, on a connection, or inside the caller's transaction.
+type DBTX interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
 
 // Overlap policies of a schedule.
 const (
@@ -79,7 +88,7 @@ func (d *Definition) Validate() (*Spec, error) {
 // Put validates d and stores it: a new schedule, or with replace an update of an existing one (its fire history
 // and pause are kept; its next fire time changes only when cron or timezone did). Without replace an existing
 // name is ErrExists. It returns whether the schedule was created. db is a pool, a connection or a transaction.
-func Put(ctx context.Context, db store.DBTX, d Definition, replace bool) (bool, error) {
+func Put(ctx context.Context, db DBTX, d Definition, replace bool) (bool, error) {
 	spec, err := d.Validate()
 	if err != nil {
 		return false, err
@@ -135,7 +144,7 @@ func scan(row pgx.CollectableRow) (Schedule, error) {
 }
 
 // List returns every schedule, by name.
-func List(ctx context.Context, db store.DBTX) ([]Schedule, error) {
+func List(ctx context.Context, db DBTX) ([]Schedule, error) {
 	rows, err := db.Query(ctx, listSQL+` ORDER BY s.name`)
 	if err != nil {
 		return nil, fmt.Errorf("schedules: list: %w", err)
@@ -148,7 +157,7 @@ func List(ctx context.Context, db store.DBTX) ([]Schedule, error) {
 }
 
 // Get returns schedule name, or ErrNotFound.
-func Get(ctx context.Context, db store.DBTX, name string) (Schedule, error) {
+func Get(ctx context.Context, db DBTX, name string) (Schedule, error) {
 	rows, err := db.Query(ctx, listSQL+` WHERE s.name = $1`, name)
 	if err != nil {
 		return Schedule{}, fmt.Errorf("schedules: get %q: %w", name, err)
@@ -165,7 +174,7 @@ func Get(ctx context.Context, db store.DBTX, name string) (Schedule, error) {
 
 // Preview returns the next n fire times of schedule name: from its stored next fire time when it has one and
 // is not paused, else from the database's now.
-func Preview(ctx context.Context, db store.DBTX, name string, n int) ([]time.Time, error) {
+func Preview(ctx context.Context, db DBTX, name string, n int) ([]time.Time, error) {
 	s, err := Get(ctx, db, name)
 	if err != nil {
 		return nil, err
@@ -186,13 +195,13 @@ func Preview(ctx context.Context, db store.DBTX, name string, n int) ([]time.Tim
 }
 
 // Pause stops schedule name from firing until Resume.
-func Pause(ctx context.Context, db store.DBTX, name string) error {
+func Pause(ctx context.Context, db DBTX, name string) error {
 	return exec(ctx, db, "pause", `SELECT stepready.pause_schedule($1)`, name)
 }
 
 // Resume lets a paused schedule fire again, from its first fire time after now (fire times that passed while
 // it was paused do not fire). Resuming a running schedule changes nothing.
-func Resume(ctx context.Context, db store.DBTX, name string) error {
+func Resume(ctx context.Context, db DBTX, name string) error {
 	s, err := Get(ctx, db, name)
 	if err != nil {
 		return err
@@ -205,7 +214,7 @@ func Resume(ctx context.Context, db store.DBTX, name string) error {
 	if spec, err := Parse(s.Cron, s.Timezone); err == nil {
 		n := spec.Next(now)
 		next = &n
-	} // else: NULL, the leader reports the error
+	} // else: NULL, the schedule enqueuer reports the error
 	_, err = db.Exec(ctx, `SELECT stepready.resume_schedule($1, $2)`, name, next)
 	if err != nil {
 		return fmt.Errorf("schedules: resume %q: %w", name, wrapNotFound(err, name))
@@ -214,11 +223,11 @@ func Resume(ctx context.Context, db store.DBTX, name string) error {
 }
 
 // Delete removes schedule name; the tasks it created stay.
-func Delete(ctx context.Context, db store.DBTX, name string) error {
+func Delete(ctx context.Context, db DBTX, name string) error {
 	return exec(ctx, db, "delete", `SELECT stepready.delete_schedule($1)`, name)
 }
 
-func exec(ctx context.Context, db store.DBTX, what, sql, name string) error {
+func exec(ctx context.Context, db DBTX, what, sql, name string) error {
 	if _, err := db.Exec(ctx, sql, name); err != nil {
 		return fmt.Errorf("schedules: %s %q: %w", what, name, wrapNotFound(err, name))
 	}

@@ -3,8 +3,22 @@ package steps
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"time"
 )
+
+// DefaultTimeout is the attempt timeout of a step that sets no timeout_ms (a daemon may choose another:
+// stepready.Config.DefaultTimeout).
+const DefaultTimeout = 5 * time.Minute
+
+// MaxOutputBytesDefault is the largest output (encoded as JSON) an attempt may record by default, 1 MiB: a larger
+// one fails the attempt as contract_failure naming the size (stepready.Config.MaxOutputBytes).
+const MaxOutputBytesDefault = 1 << 20
+
+// ErrShutdown is the cancellation cause (context.Cause) of a handler's context when the daemon stops before the
+// attempt finished: the attempt is then handed back uncharged instead of being recorded as failed. A handler may
+// test for it to tell a shutdown from its timeout.
+var ErrShutdown = errors.New("stepready: daemon shutting down")
 
 // Step is what a handler receives for one attempt of one step.
 type Step struct {
@@ -36,9 +50,6 @@ type Step struct {
 	// Rules is the step's outcome rules document (SPEC §8; empty when it has none). The executor evaluates it
 	// after the attempt; handlers need not look at it.
 	Rules json.RawMessage
-
-	// token is the attempt's fencing token (store.Started.Token): every write of the attempt carries it.
-	token int
 }
 
 // DecodeInput unmarshals the step's input into v. A failure is returned as a permanent error: input that does
@@ -90,3 +101,14 @@ type HandlerFunc func(ctx context.Context, step *Step) (any, error)
 
 // Handle calls f.
 func (f HandlerFunc) Handle(ctx context.Context, step *Step) (any, error) { return f(ctx, step) }
+
+// OutputWithHTTPStatus is an optional interface of a handler's output. An output that came from an HTTP
+// response implements it to report the response's status, which the outcome rules of a successful attempt see
+// as `outcome.http.status` (SPEC §8); without it a successful attempt has `outcome.http.status == 0`. A failed
+// attempt reports its status through Error.HTTPStatus instead. The `http` built-in's output implements it, so a
+// rule can tell a 202 Accepted from a 200 OK. The output is still encoded as JSON for the database and
+// `outcome.result` as usual; the method only adds the status beside it.
+type OutputWithHTTPStatus interface {
+	// HTTPStatus returns the status code of the response the output was made from.
+	HTTPStatus() int
+}

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/migrations"
 )
 
 // The operator commands (explain, task, step, template, policy) share this plumbing: a database URL, an output
@@ -61,7 +62,7 @@ func (o *dbOptions) format() (string, error) {
 
 // connect opens one connection to the database named by --database-url (or the environment). It works through
 // a transaction pooler such as PgBouncer: it sends no startup parameter of its own (PgBouncer refuses unknown
-// ones; the actor of operator events is set in their transaction, operatorTx) and prepares no named statement
+// ones; the actor of operator events is set in their transaction by the library's operator actions) and prepares no named statement
 // (store.UsePoolerQueryMode, unless the URL names default_query_exec_mode): a command runs each statement
 // once or twice, so caching them would only cost a round trip.
 func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
@@ -92,38 +93,66 @@ func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format 
 		return err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	return dbError(f(conn, format))
+	if err := checkSchema(ctx, conn); err != nil {
+		return err
+	}
+	// A permission error names the roles that grant what was refused (read after f's transaction ended).
+	return dbError(store.NameGrantingRoles(ctx, conn, f(conn, format)))
 }
 
-// cliActor is the actor of the CLI's operator events (details.actor).
-const cliActor = "cli"
+// checkSchema refuses (exit 2) a database whose stepready schema is not this binary's: never migrated, older,
+// newer, or dirty (migrations.Check), saying what to do.
+func checkSchema(ctx context.Context, q migrations.Querier) error {
+	err := migrations.Check(ctx, q)
+	if isSchemaMismatch(err) {
+		return usageError{err}
+	}
+	return err
+}
 
-// operatorTx runs f in a transaction that names the CLI as the actor of its operator events (store.NameActor:
-// a setting of the transaction, not of the session, so that it works through a transaction pooler).
-func operatorTx(ctx context.Context, conn *pgx.Conn, f func(pgx.Tx) error) error {
-	return pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if err := store.NameActor(ctx, tx, cliActor); err != nil {
-			return err
+// isSchemaMismatch reports whether err is one of migrations.Check's findings (not a failure to read).
+func isSchemaMismatch(err error) bool {
+	for _, kind := range []error{migrations.ErrNotMigrated, migrations.ErrSchemaOlder, migrations.ErrSchemaNewer,
+		migrations.ErrSchemaDirty} {
+		if errors.Is(err, kind) {
+			return true
 		}
-		return f(tx)
-	})
+	}
+	return false
 }
 
 // dbNow returns --as-of, or the database's current time when it is not set. Every time printed is relative to
 // it, so that a client with a wrong clock still prints the truth.
 func (o *dbOptions) dbNow(ctx context.Context, q pgx.Tx) (time.Time, error) {
-	if strings.TrimSpace(o.asOf) != "" {
-		t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(o.asOf))
-		if err != nil {
-			return time.Time{}, usagef("--as-of %q: want an RFC 3339 time such as 2030-01-01T12:00:00Z", o.asOf)
-		}
-		return t, nil
+	if at, err := o.asOfTime(); err != nil || at != nil {
+		return deref(at), err
 	}
 	var now time.Time
 	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
 		return time.Time{}, err
 	}
 	return now, nil
+}
+
+// asOfTime returns --as-of, or nil when it is not given (the database's clock then).
+func (o *dbOptions) asOfTime() (*time.Time, error) {
+	if strings.TrimSpace(o.asOf) == "" {
+		return nil, nil
+	}
+	t, err := time.Parse(time.RFC3339Nano, strings.TrimSpace(o.asOf))
+	if err != nil {
+		return nil, usagef("--as-of %q: want an RFC 3339 time such as 2030-01-01T12:00:00Z", o.asOf)
+	}
+	return &t, nil
+}
+
+// deref returns what p points to, or the zero value.
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
 }
 
 // dbError turns an error raised by a stepready function into the database's own message: a refusal such as

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -32,10 +33,13 @@ type daemonFlags struct {
 	shutdownGrace time.Duration
 	workerID      string
 	pollOnly      bool
-	// Retention (SPEC §13): 0 keeps those tasks forever.
+	// Retention (SPEC §13): 0 (or off) on the command line keeps those tasks forever (stepready.KeepForever).
 	retentionComplete time.Duration
 	retentionFailed   time.Duration
-	pruneInterval     time.Duration
+	// The maintenance services' intervals: off (or -1) turns one off (stepready.Off).
+	pruneInterval    time.Duration
+	scheduleInterval time.Duration
+	backlogInterval  time.Duration
 	// The http handler's guard (SPEC §17).
 	httpDenyPrivate bool
 	httpAllowHosts  []string
@@ -53,8 +57,9 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 		"attempts this process runs at once; claims never exceed the free capacity")
 	fs.DurationVar(&d.lease, "lease", stepready.LeaseDefault, fmt.Sprintf("attempt lease, renewed every "+
 		"lease/3; an attempt whose worker died is retried within lease + reap interval (at least %s)", stepready.LeaseMin))
-	fs.DurationVar(&d.reapInterval, "reap-interval", stepready.ReapIntervalDefault,
-		"how often the elected instance reaps expired leases; shorter than --lease")
+	d.reapInterval = stepready.ReapIntervalDefault
+	fs.Var(offDuration{&d.reapInterval, false}, "reap-interval",
+		"how often the elected instance reaps expired leases; shorter than --lease; off: never on this instance")
 	fs.DurationVar(&d.pollInterval, "poll-interval", stepready.PollIntervalDefault,
 		"fallback poll for ready steps when no notification or retry timer wakes the claimer")
 	fs.DurationVar(&d.shutdownGrace, "shutdown-grace", stepready.ShutdownGraceDefault,
@@ -63,12 +68,20 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 	setDefaultText(fs, "worker-id", "hostname-pid")
 	fs.BoolVar(&d.pollOnly, "poll-only", false,
 		"never LISTEN, only poll (for PgBouncer in transaction pooling mode)")
-	fs.DurationVar(&d.retentionComplete, "retention-complete", stepready.RetentionCompleteDefault,
-		"how long complete tasks are kept after they finished, with their steps and events; 0 keeps them forever")
-	fs.DurationVar(&d.retentionFailed, "retention-failed", stepready.RetentionFailedDefault,
-		"how long error and cancelled tasks are kept after they finished; 0 keeps them forever")
-	fs.DurationVar(&d.pruneInterval, "prune-interval", stepready.PruneIntervalDefault,
-		"how often the elected instance deletes the finished tasks past their retention")
+	d.retentionComplete, d.retentionFailed = stepready.RetentionCompleteDefault, stepready.RetentionFailedDefault
+	fs.Var(offDuration{&d.retentionComplete, true}, "retention-complete",
+		"how long complete tasks are kept after they finished, with their steps and events; 0 or off keeps them forever")
+	fs.Var(offDuration{&d.retentionFailed, true}, "retention-failed",
+		"how long error and cancelled tasks are kept after they finished; 0 or off keeps them forever")
+	d.pruneInterval = stepready.PruneIntervalDefault
+	fs.Var(offDuration{&d.pruneInterval, false}, "prune-interval",
+		"how often the elected instance deletes the finished tasks past their retention and idle flow keys' state; off: never on this instance")
+	d.scheduleInterval = stepready.ScheduleIntervalDefault
+	fs.Var(offDuration{&d.scheduleInterval, false}, "schedule-interval",
+		"the longest the elected instance waits between two looks at the schedules (fires are on time whatever it is); off: this instance fires no schedules")
+	d.backlogInterval = stepready.BacklogIntervalDefault
+	fs.Var(offDuration{&d.backlogInterval, false}, "backlog-interval",
+		"how often the elected instance sets the backlog gauges of /metrics; off: this instance exports none")
 	fs.IntVar(&d.maxOutputBytes, "max-output-bytes", steps.MaxOutputBytesDefault,
 		"the largest output (as JSON) an attempt may record; a larger one fails it as contract_failure")
 	fs.StringVar(&d.sqlDatabaseURL, "sql-database-url", "",
@@ -80,43 +93,110 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 		"exceptions to the http handler's guard: host names, IP addresses or CIDR prefixes, comma-separated")
 }
 
-// keep maps a retention flag to Config: 0 on the command line keeps forever.
-func keep(d time.Duration) time.Duration {
+// offDuration is a duration flag that also takes "off" or -1, meaning stepready.Off (the service is turned off,
+// the tasks kept forever); with zeroIsOff, 0 means the same (the retention flags: SPEC §13). The environment
+// variables take the same values.
+type offDuration struct {
+	d         *time.Duration
+	zeroIsOff bool
+}
+
+func (v offDuration) String() string {
+	if v.d == nil {
+		return ""
+	}
+	if *v.d == stepready.Off {
+		return "off"
+	}
+	return v.d.String()
+}
+
+func (v offDuration) Set(s string) error {
+	switch strings.ToLower(strings.TrimSpace(s)) {
+	case "off", "-1":
+		*v.d = stepready.Off
+		return nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration (90s, 5m, 24h) or off: %w", err)
+	}
+	if d == 0 && v.zeroIsOff {
+		d = stepready.Off
+	}
+	*v.d = d
+	return nil
+}
+
+func (v offDuration) Type() string { return "duration" }
+
+// noGrace maps --shutdown-grace 0 (no grace: cancel at once) to stepready.Off, since a zero Config field takes
+// the default.
+func noGrace(d time.Duration) time.Duration {
 	if d == 0 {
-		return stepready.KeepForever
+		return stepready.Off
 	}
 	return d
 }
 
-// validate checks the flags, naming the flag at fault; its errors are usage errors.
+// configFlags names the flag of each Config field the daemon flags set, for Config.Validate's errors.
+var configFlags = map[string]string{
+	"Dispatch": "dispatch", "Concurrency": "concurrency", "Lease": "lease", "ReapInterval": "reap-interval",
+	"PollInterval": "poll-interval", "ShutdownGrace": "shutdown-grace", "WorkerID": "worker-id",
+	"RetentionComplete": "retention-complete", "RetentionFailed": "retention-failed",
+	"PruneInterval": "prune-interval", "ScheduleInterval": "schedule-interval", "BacklogInterval": "backlog-interval",
+}
+
+// validate checks the flags with Config.Validate (the one set of rules), naming the flag at fault; its errors are
+// usage errors. Only what the command line adds to Config is checked here.
 func (d *daemonFlags) validate() error {
-	switch {
-	case d.dispatch != stepready.DispatchRiver && d.dispatch != stepready.DispatchDirect:
-		return usagef("--dispatch %q: want %s or %s", d.dispatch, stepready.DispatchRiver, stepready.DispatchDirect)
-	case d.concurrency < 1:
-		return usagef("--concurrency %d: must be 1 or more", d.concurrency)
-	case d.lease < stepready.LeaseMin:
-		return usagef("--lease %s: must be at least %s", d.lease, stepready.LeaseMin)
-	case d.reapInterval <= 0:
-		return usagef("--reap-interval %s: must be more than 0", d.reapInterval)
-	case d.reapInterval >= d.lease:
-		return usagef("--reap-interval %s: must be shorter than --lease (%s)", d.reapInterval, d.lease)
-	case d.pollInterval <= 0:
-		return usagef("--poll-interval %s: must be more than 0", d.pollInterval)
-	case d.shutdownGrace < 0:
-		return usagef("--shutdown-grace %s: must be 0 or more", d.shutdownGrace)
-	case d.retentionComplete < 0:
-		return usagef("--retention-complete %s: must be 0 (keep forever) or more", d.retentionComplete)
-	case d.retentionFailed < 0:
-		return usagef("--retention-failed %s: must be 0 (keep forever) or more", d.retentionFailed)
-	case d.maxOutputBytes < 1:
+	if d.maxOutputBytes < 1 {
 		return usagef("--max-output-bytes %d: must be 1 or more", d.maxOutputBytes)
-	case d.pruneInterval <= 0:
-		return usagef("--prune-interval %s: must be more than 0", d.pruneInterval)
-	case strings.TrimSpace(d.workerID) != d.workerID:
-		return usagef("--worker-id %q: no leading or trailing spaces", d.workerID)
 	}
-	return nil
+	// A zero in Config takes the default; a 0 typed on the command line is a mistake.
+	if d.concurrency == 0 {
+		return usagef("--concurrency 0: must be 1 or more")
+	}
+	for _, f := range []struct {
+		flag string
+		v    time.Duration
+	}{{"lease", d.lease}, {"reap-interval", d.reapInterval}, {"poll-interval", d.pollInterval},
+		{"prune-interval", d.pruneInterval}, {"schedule-interval", d.scheduleInterval},
+		{"backlog-interval", d.backlogInterval}} {
+		if f.v == 0 {
+			return usagef("--%s 0s: must be more than 0", f.flag)
+		}
+	}
+	err := d.config(steps.NewRegistry(), nil, nil).Validate()
+	if err == nil {
+		return nil
+	}
+	var msgs []string
+	for _, e := range unjoin(err) {
+		var ce *stepready.ConfigError
+		if errors.As(e, &ce) && configFlags[ce.Field] != "" {
+			value := fmt.Sprint(ce.Value)
+			if dur, ok := ce.Value.(time.Duration); ok && dur == stepready.Off {
+				value = "off"
+			}
+			problem := strings.NewReplacer(", or Off", ", or off", ", or KeepForever", ", or 0 (keep forever)",
+				"the lease", "--lease").Replace(ce.Problem)
+			msgs = append(msgs, fmt.Sprintf("--%s %s: %s", configFlags[ce.Field], value, problem))
+			continue
+		}
+		msgs = append(msgs, e.Error())
+	}
+	return usagef("%s", strings.Join(msgs, "; "))
+}
+
+// unjoin returns the errors joined in err (its wrapped errors.Join), or err alone.
+func unjoin(err error) []error {
+	for e := err; e != nil; e = errors.Unwrap(e) {
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			return j.Unwrap()
+		}
+	}
+	return []error{err}
 }
 
 // config is the client configuration of the flags.
@@ -128,12 +208,14 @@ func (d *daemonFlags) config(reg *steps.Registry, logger *slog.Logger, metrics p
 		Lease:             d.lease,
 		ReapInterval:      d.reapInterval,
 		PollInterval:      d.pollInterval,
-		ShutdownGrace:     d.shutdownGrace,
+		ShutdownGrace:     noGrace(d.shutdownGrace),
 		WorkerID:          d.workerID,
 		PollOnly:          d.pollOnly,
-		RetentionComplete: keep(d.retentionComplete),
-		RetentionFailed:   keep(d.retentionFailed),
+		RetentionComplete: d.retentionComplete,
+		RetentionFailed:   d.retentionFailed,
 		PruneInterval:     d.pruneInterval,
+		ScheduleInterval:  d.scheduleInterval,
+		BacklogInterval:   d.backlogInterval,
 		MaxOutputBytes:    d.maxOutputBytes,
 		Logger:            logger,
 		Metrics:           metrics,

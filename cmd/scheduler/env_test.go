@@ -67,6 +67,8 @@ func runDefaults() runParams {
 			retentionComplete: stepready.RetentionCompleteDefault,
 			retentionFailed:   stepready.RetentionFailedDefault,
 			pruneInterval:     stepready.PruneIntervalDefault,
+			scheduleInterval:  stepready.ScheduleIntervalDefault,
+			backlogInterval:   stepready.BacklogIntervalDefault,
 			maxOutputBytes:    steps.MaxOutputBytesDefault,
 		},
 	}
@@ -89,6 +91,8 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		"STEPREADY_RETENTION_COMPLETE": "24h",
 		"STEPREADY_RETENTION_FAILED":   "0",
 		"STEPREADY_PRUNE_INTERVAL":     "5m",
+		"STEPREADY_SCHEDULE_INTERVAL":  "off",
+		"STEPREADY_BACKLOG_INTERVAL":   "-1",
 		"STEPREADY_HTTP_DENY_PRIVATE":  "true",
 		"STEPREADY_HTTP_ALLOW_HOSTS":   "api.internal,10.0.0.0/8",
 		"STEPREADY_MAX_OUTPUT_BYTES":   "2048",
@@ -104,7 +108,8 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		waitForDB:   waitBound{d: 90 * time.Second},
 		daemon: daemonFlags{dispatch: "direct", concurrency: 7, lease: 45 * time.Second, reapInterval: 3 * time.Second,
 			pollInterval: 250 * time.Millisecond, shutdownGrace: 0, workerID: "worker-env", pollOnly: true,
-			retentionComplete: 24 * time.Hour, retentionFailed: 0, pruneInterval: 5 * time.Minute,
+			retentionComplete: 24 * time.Hour, retentionFailed: stepready.KeepForever, pruneInterval: 5 * time.Minute,
+			scheduleInterval: stepready.Off, backlogInterval: stepready.Off,
 			httpDenyPrivate: true, httpAllowHosts: []string{"api.internal", "10.0.0.0/8"}, maxOutputBytes: 2048},
 	}
 
@@ -125,14 +130,16 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 				"--worker-id", "worker-flag", "--metrics-addr", ":9090", "--poll-only=false", "--allow-exec=false",
 				"--log-format", "text", "--log-level", "warn", "--retention-complete", "1h", "--retention-failed", "2h",
 				"--prune-interval", "10s", "--http-deny-private=false", "--http-allow-hosts", "a.example",
-				"--max-output-bytes", "4096", "--wait-for-db", "0"},
+				"--max-output-bytes", "4096", "--schedule-interval", "2s", "--backlog-interval", "30s",
+				"--wait-for-db", "0"},
 			want: func(p *runParams) {
 				p.metricsAddr = ":9090"
 				p.waitForDB = waitBound{}
 				p.daemon = daemonFlags{dispatch: "river", concurrency: 3, lease: time.Minute,
 					reapInterval: 20 * time.Second, pollInterval: 2 * time.Second, shutdownGrace: 4 * time.Second,
 					workerID: "worker-flag", retentionComplete: time.Hour, retentionFailed: 2 * time.Hour,
-					pruneInterval: 10 * time.Second, httpAllowHosts: []string{"a.example"}, maxOutputBytes: 4096}
+					pruneInterval: 10 * time.Second, scheduleInterval: 2 * time.Second, backlogInterval: 30 * time.Second,
+					httpAllowHosts: []string{"a.example"}, maxOutputBytes: 4096}
 			}, logLevel: "warn", logFormat: "text"},
 		{name: "STEPREADY_DATABASE_URL beats DATABASE_URL",
 			env:  map[string]string{"STEPREADY_DATABASE_URL": "postgres://db", "DATABASE_URL": "postgres://other"},
@@ -171,18 +178,21 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 		want string
 	}{
 		{name: "no database", env: map[string]string{}, want: "pass --database-url or set DATABASE_URL"},
-		{name: "dispatch", args: []string{"--dispatch", "kafka"}, want: `--dispatch "kafka": want river or direct`},
+		{name: "dispatch", args: []string{"--dispatch", "kafka"}, want: `--dispatch "kafka": must be "river" or "direct"`},
 		{name: "concurrency", args: []string{"--concurrency", "0"}, want: "--concurrency 0: must be 1 or more"},
 		{name: "lease", args: []string{"--lease", "100ms"}, want: "--lease 100ms: must be at least 300ms"},
 		{name: "reap interval vs lease", args: []string{"--lease", "5s"},
-			want: "--reap-interval 10s: must be shorter than --lease (5s)"},
+			want: "--reap-interval 10s: must be more than 0 and shorter than --lease (5s), or off"},
 		{name: "poll interval", args: []string{"--poll-interval", "0s"}, want: "--poll-interval 0s: must be more than 0"},
 		{name: "shutdown grace", args: []string{"--shutdown-grace", "-1s"}, want: "--shutdown-grace -1s: must be 0 or more"},
 		{name: "retention complete", args: []string{"--retention-complete", "-1s"},
-			want: "--retention-complete -1s: must be 0 (keep forever) or more"},
+			want: "--retention-complete -1s: must be more than 0, or 0 (keep forever)"},
 		{name: "retention failed", args: []string{"--retention-failed", "-2h"},
-			want: "--retention-failed -2h0m0s: must be 0 (keep forever) or more"},
+			want: "--retention-failed -2h0m0s: must be more than 0, or 0 (keep forever)"},
 		{name: "prune interval", args: []string{"--prune-interval", "0s"}, want: "--prune-interval 0s: must be more than 0"},
+		{name: "negative interval", args: []string{"--backlog-interval", "-5s"},
+			want: "--backlog-interval -5s: must be more than 0, or off"},
+		{name: "off reap interval", args: []string{"--reap-interval", "nope"}, want: "want a duration (90s, 5m, 24h) or off"},
 		{name: "max output bytes", args: []string{"--max-output-bytes", "0"}, want: "--max-output-bytes 0: must be 1 or more"},
 		{name: "log format", args: []string{"--log-format", "xml"}, want: `--log-format "xml": want text or json`},
 		{name: "log level", args: []string{"--log-level", "loud"}, want: `--log-level "loud"`},
@@ -218,7 +228,7 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 var runFlags = []string{"allow-exec", "concurrency", "database-url", "dispatch", "lease", "metrics-addr",
 	"poll-interval", "poll-only", "prune-interval", "reap-interval", "retention-complete", "retention-failed",
 	"shutdown-grace", "worker-id", "http-deny-private", "http-allow-hosts", "max-output-bytes", "sql-database-url",
-	"ui-addr", "ui-allow-actions", "ui-token", "wait-for-db"}
+	"ui-addr", "ui-allow-actions", "ui-token", "schedule-interval", "backlog-interval", "wait-for-db"}
 
 func TestRunHasExactlyTheDocumentedFlags(t *testing.T) {
 	t.Parallel()

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
@@ -69,112 +68,27 @@ func newExplainCommand(_ *globalOptions) *cobra.Command {
 	return cmd
 }
 
-// explainReport is what `scheduler explain` prints; its JSON form is stable.
-type explainReport struct {
-	TaskID     int64         `json:"task_id"`
-	TaskName   string        `json:"task_name"`
-	TaskStatus string        `json:"task_status"`
-	TaskPaused bool          `json:"task_paused"`
-	AsOf       time.Time     `json:"as_of"`
-	Steps      []explainStep `json:"steps"`
-}
-
-type explainStep struct {
-	StepID      int64           `json:"step_id"`
-	Name        string          `json:"name"`
-	State       string          `json:"state"`
-	Attempts    int32           `json:"attempts"`
-	MaxAttempts *int32          `json:"max_attempts"`
-	Ready       bool            `json:"ready"`
-	Reasons     []explainReason `json:"reasons"`
-}
-
-type explainReason struct {
-	Reason            string     `json:"reason"`
-	Message           string     `json:"message"`
-	ParentStepID      *int64     `json:"parent_step_id,omitempty"`
-	ParentName        *string    `json:"parent_name,omitempty"`
-	ParentState       *string    `json:"parent_state,omitempty"`
-	ParentAttempts    *int32     `json:"parent_attempts,omitempty"`
-	ParentMaxAttempts *int32     `json:"parent_max_attempts,omitempty"`
-	NextAttemptAt     *time.Time `json:"next_attempt_at,omitempty"`
-	WaitMs            *int64     `json:"wait_ms,omitempty"`
-}
+// explainReport is what `scheduler explain` prints: the read model's explanation (its JSON form).
+type explainReport struct{ *readmodel.Explanation }
 
 // explain reads the task (of the step), its steps' readiness and every reason, in one snapshot.
 func explain(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64, isStep bool) (*explainReport, error) {
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	asOf, err := o.asOfTime()
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-
-	asOf, err := o.dbNow(ctx, tx)
-	if err != nil {
-		return nil, err
-	}
-	r := &explainReport{AsOf: asOf, Steps: []explainStep{}}
-	taskID := id
-	var stepIDs []int64
+	taskID, stepID := id, int64(0)
 	if isStep {
-		if err := tx.QueryRow(ctx, readmodel.Query("step_task"), id).Scan(&taskID); err != nil {
-			if err == pgx.ErrNoRows {
-				return nil, fmt.Errorf("step %d does not exist", id)
-			}
+		stepID = id
+		if taskID, err = readmodel.StepTask(ctx, conn, id); err != nil {
 			return nil, err
 		}
-		stepIDs = []int64{id}
 	}
-	err = tx.QueryRow(ctx, readmodel.Query("explain_task_row"), taskID).
-		Scan(&r.TaskID, &r.TaskName, &r.TaskStatus, &r.TaskPaused)
-	if err == pgx.ErrNoRows {
-		return nil, fmt.Errorf("task %d does not exist", taskID)
-	} else if err != nil {
-		return nil, err
-	}
-
-	rows, err := tx.Query(ctx, readmodel.Query("explain_readiness"), taskID, stepIDs, asOf)
+	x, err := readmodel.Explain(ctx, conn, taskID, stepID, asOf)
 	if err != nil {
 		return nil, err
 	}
-	index := map[int64]int{}
-	var s explainStep
-	_, err = pgx.ForEachRow(rows, []any{&s.StepID, &s.Name, &s.State, &s.Attempts, &s.MaxAttempts, &s.Ready},
-		func() error {
-			s.Reasons = []explainReason{}
-			index[s.StepID] = len(r.Steps)
-			r.Steps = append(r.Steps, s)
-			s = explainStep{}
-			return nil
-		})
-	if err != nil {
-		return nil, err
-	}
-
-	query := readmodel.Query("explain_reasons_task")
-	if isStep {
-		query = readmodel.Query("explain_reasons_step")
-	}
-	rows, err = tx.Query(ctx, query, id, asOf)
-	if err != nil {
-		return nil, err
-	}
-	var (
-		stepID int64
-		e      explainReason
-	)
-	_, err = pgx.ForEachRow(rows, []any{&stepID, &e.Reason, &e.Message, &e.ParentStepID, &e.ParentName,
-		&e.ParentState, &e.ParentAttempts, &e.ParentMaxAttempts, &e.NextAttemptAt, &e.WaitMs}, func() error {
-		if i, ok := index[stepID]; ok {
-			r.Steps[i].Reasons = append(r.Steps[i].Reasons, e)
-		}
-		e = explainReason{}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	return r, nil
+	return &explainReport{x}, nil
 }
 
 // writeTable prints one line per reason: STEP NAME STATE ATTEMPT REASON.

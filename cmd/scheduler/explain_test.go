@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // explainFixture makes a task whose steps show each reason: fetch in flight at attempt 2/3, parse waiting for
@@ -61,7 +63,7 @@ func TestExplainJSON(t *testing.T) {
 	var report explainReport
 	require.NoError(t, json.Unmarshal([]byte(stdout), &report))
 	require.Len(t, report.Steps, 6)
-	byName := map[string]explainStep{}
+	byName := map[string]readmodel.ExplainedStep{}
 	for _, s := range report.Steps {
 		byName[s.Name] = s
 	}

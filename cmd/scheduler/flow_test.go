@@ -87,7 +87,7 @@ func TestFlowInTaskShowAndExplain(t *testing.T) {
 	require.Contains(t, stdout, "concurrency limited by tenant:9: 1 of 1 in flight")
 	stdout, _, err = b.run("task", "show", "1", "-o", "json")
 	require.NoError(t, err)
-	require.Contains(t, stdout, `"flow_limit": "concurrency limited by tenant:9: 1 of 1 in flight"`)
+	require.Contains(t, stdout, `"why": "concurrency limited by tenant:9: 1 of 1 in flight"`)
 	stdout, stderr, err = b.run("explain", "1")
 	require.NoError(t, err, stderr)
 	require.Contains(t, stdout, "concurrency limited by tenant:9: 1 of 1 in flight")

@@ -45,9 +45,10 @@ func newMigrateCommand(opts *globalOptions) *cobra.Command {
 	var steps int
 	down := &cobra.Command{
 		Use:   "down",
-		Short: "Remove River's tables, then step the stepready schema down (all versions unless --steps)",
-		Long: "Remove River's tables, then step the stepready schema down: every version with --steps 0 (the\n" +
-			"default), else that many versions. Data in removed tables is lost.",
+		Short: "Step the stepready schema down (all versions unless --steps); River's tables go with the last",
+		Long: "Step the stepready schema down: every version with --steps 0 (the default), else that many versions.\n" +
+			"River's tables are removed only with the last stepready version: a rollback of some versions keeps\n" +
+			"them. Data in removed tables is lost.",
 		Args: usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			if steps < 0 {

@@ -2,54 +2,26 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+
+	"github.com/stepready/stepready"
 )
 
-// The operator commands wrap the SQL functions of SPEC §9 (cancel_task, pause_task, resume_task, reset_task,
-// retry_step_now, resolve_step). Each runs in one transaction that reads the row before and after the call,
-// so the command prints what changed; a refusal is the database's message and exit status 1.
+// The operator commands are faces of the library's operator actions (stepready.CancelTask, …, the SQL functions of
+// SPEC §9): each prints what changed; a refusal is the database's message and exit status 1.
 
-// taskChange is what a task operator command prints; its JSON form is stable.
-type taskChange struct {
-	TaskID         int64  `json:"task_id"`
-	Action         string `json:"action"`
-	Changed        bool   `json:"changed"`
-	StepsAffected  *int32 `json:"steps_affected,omitempty"`
-	PreviousStatus string `json:"previous_status"`
-	Status         string `json:"status"`
-	PreviousPaused bool   `json:"previous_paused"`
-	Paused         bool   `json:"paused"`
-}
-
-// stepChange is what a step operator command prints; its JSON form is stable.
-type stepChange struct {
-	StepID                int64           `json:"step_id"`
-	TaskID                int64           `json:"task_id"`
-	Name                  string          `json:"name"`
-	Action                string          `json:"action"`
-	PreviousState         string          `json:"previous_state"`
-	State                 string          `json:"state"`
-	PreviousNextAttemptAt *time.Time      `json:"previous_next_attempt_at"`
-	NextAttemptAt         *time.Time      `json:"next_attempt_at"`
-	Attempts              int32           `json:"attempts"`
-	PreviousMaxAttempts   *int32          `json:"previous_max_attempts"`
-	MaxAttempts           *int32          `json:"max_attempts"`
-	Output                json.RawMessage `json:"output,omitempty"`
-	TaskStatus            string          `json:"task_status"`
-}
+// cliActor is the actor the CLI's operator actions record (details.actor of their operator.* events).
+var cliActor = stepready.OperatorOptions{Actor: "cli"}
 
 // taskOperation is one task operator command.
 type taskOperation struct {
 	use, short, long, example string
 	action                    string
-	// call runs the SQL function; it returns the number of steps affected (nil when the function returns a
-	// boolean) and whether anything changed.
-	call func(ctx context.Context, tx pgx.Tx, id int64) (*int32, bool, error)
+	// call runs the library's action.
+	call func(ctx context.Context, conn *pgx.Conn, id int64) (*stepready.TaskChange, error)
 }
 
 func newTaskOperatorCommands(o *dbOptions) []*cobra.Command {
@@ -61,14 +33,8 @@ func newTaskOperatorCommands(o *dbOptions) []*cobra.Command {
 				"attempt is fenced out (its result is refused). Refused for a complete or cancelled task.",
 			example: "  scheduler task cancel 12 --reason \"wrong input\"",
 			action:  "cancel",
-			call: func(ctx context.Context, tx pgx.Tx, id int64) (*int32, bool, error) {
-				var n int32
-				var r *string
-				if reason != "" {
-					r = &reason
-				}
-				err := tx.QueryRow(ctx, `SELECT stepready.cancel_task($1, $2)`, id, r).Scan(&n)
-				return &n, true, err
+			call: func(ctx context.Context, conn *pgx.Conn, id int64) (*stepready.TaskChange, error) {
+				return stepready.CancelTask(ctx, conn, id, reason, cliActor)
 			},
 		},
 		{
@@ -77,10 +43,8 @@ func newTaskOperatorCommands(o *dbOptions) []*cobra.Command {
 				"resume`; attempts already running finish. Refused for a complete or cancelled task.",
 			example: "  scheduler task pause 12",
 			action:  "pause",
-			call: func(ctx context.Context, tx pgx.Tx, id int64) (*int32, bool, error) {
-				var changed bool
-				err := tx.QueryRow(ctx, `SELECT stepready.pause_task($1)`, id).Scan(&changed)
-				return nil, changed, err
+			call: func(ctx context.Context, conn *pgx.Conn, id int64) (*stepready.TaskChange, error) {
+				return stepready.PauseTask(ctx, conn, id, cliActor)
 			},
 		},
 		{
@@ -88,10 +52,8 @@ func newTaskOperatorCommands(o *dbOptions) []*cobra.Command {
 			long:    "Resume a paused task (stepready.resume_task). Nothing changes when it was not paused.",
 			example: "  scheduler task resume 12",
 			action:  "resume",
-			call: func(ctx context.Context, tx pgx.Tx, id int64) (*int32, bool, error) {
-				var changed bool
-				err := tx.QueryRow(ctx, `SELECT stepready.resume_task($1)`, id).Scan(&changed)
-				return nil, changed, err
+			call: func(ctx context.Context, conn *pgx.Conn, id int64) (*stepready.TaskChange, error) {
+				return stepready.ResumeTask(ctx, conn, id, cliActor)
 			},
 		},
 		{
@@ -101,10 +63,8 @@ func newTaskOperatorCommands(o *dbOptions) []*cobra.Command {
 				"skipped or cancelled.",
 			example: "  scheduler task reset 12",
 			action:  "reset",
-			call: func(ctx context.Context, tx pgx.Tx, id int64) (*int32, bool, error) {
-				var n int32
-				err := tx.QueryRow(ctx, `SELECT stepready.reset_task($1)`, id).Scan(&n)
-				return &n, n > 0, err
+			call: func(ctx context.Context, conn *pgx.Conn, id int64) (*stepready.TaskChange, error) {
+				return stepready.ResetTask(ctx, conn, id, cliActor)
 			},
 		},
 	}
@@ -119,14 +79,14 @@ func newTaskOperatorCommands(o *dbOptions) []*cobra.Command {
 					return err
 				}
 				return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-					ch, err := runTaskOperation(cmd.Context(), conn, op, id)
+					ch, err := op.call(cmd.Context(), conn, id)
 					if err != nil {
 						return err
 					}
 					if format == outputJSON {
 						return writeJSON(cmd.OutOrStdout(), ch)
 					}
-					ch.print(cmd)
+					printTaskChange(cmd, ch)
 					return nil
 				})
 			},
@@ -139,30 +99,7 @@ func newTaskOperatorCommands(o *dbOptions) []*cobra.Command {
 	return cmds
 }
 
-func runTaskOperation(ctx context.Context, conn *pgx.Conn, op taskOperation, id int64) (*taskChange, error) {
-	ch := &taskChange{TaskID: id, Action: op.action}
-	err := operatorTx(ctx, conn, func(tx pgx.Tx) error {
-		const read = `SELECT status, paused FROM stepready.tasks WHERE id = $1`
-		if err := tx.QueryRow(ctx, read, id).Scan(&ch.PreviousStatus, &ch.PreviousPaused); err != nil {
-			if err == pgx.ErrNoRows {
-				return fmt.Errorf("task %d does not exist", id)
-			}
-			return err
-		}
-		n, changed, err := op.call(ctx, tx, id)
-		if err != nil {
-			return err
-		}
-		ch.StepsAffected, ch.Changed = n, changed
-		return tx.QueryRow(ctx, read, id).Scan(&ch.Status, &ch.Paused)
-	})
-	if err != nil {
-		return nil, err
-	}
-	return ch, nil
-}
-
-func (c *taskChange) print(cmd *cobra.Command) {
+func printTaskChange(cmd *cobra.Command, c *stepready.TaskChange) {
 	out := cmd.OutOrStdout()
 	switch c.Action {
 	case "cancel":
@@ -221,14 +158,11 @@ func newStepCommand(_ *globalOptions) *cobra.Command {
 			if err != nil {
 				return err
 			}
-			ch, err := runStepOperation(cmd.Context(), conn, "retry", id, func(ctx context.Context, tx pgx.Tx) error {
-				_, err := tx.Exec(ctx, `SELECT stepready.retry_step_now($1)`, id)
-				return err
-			})
+			ch, err := stepready.RetryStepNow(cmd.Context(), conn, id, cliActor)
 			if err != nil {
 				return err
 			}
-			return ch.write(cmd, format)
+			return writeStepChange(cmd, ch, format)
 		})
 	}
 
@@ -264,14 +198,11 @@ func newStepCommand(_ *globalOptions) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				ch, err := runStepOperation(cmd.Context(), conn, "resolve", id, func(ctx context.Context, tx pgx.Tx) error {
-					_, err := tx.Exec(ctx, `SELECT stepready.resolve_step($1, $2::jsonb)`, id, string(doc))
-					return err
-				})
+				ch, err := stepready.ResolveStep(cmd.Context(), conn, id, doc, cliActor)
 				if err != nil {
 					return err
 				}
-				return ch.write(cmd, format)
+				return writeStepChange(cmd, ch, format)
 			})
 		},
 	}
@@ -282,37 +213,7 @@ func newStepCommand(_ *globalOptions) *cobra.Command {
 	return cmd
 }
 
-func runStepOperation(ctx context.Context, conn *pgx.Conn, action string, id int64,
-	call func(context.Context, pgx.Tx) error,
-) (*stepChange, error) {
-	ch := &stepChange{StepID: id, Action: action}
-	err := operatorTx(ctx, conn, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `SELECT state, next_attempt_at, max_attempts FROM stepready.steps WHERE id = $1`, id).
-			Scan(&ch.PreviousState, &ch.PreviousNextAttemptAt, &ch.PreviousMaxAttempts)
-		if err == pgx.ErrNoRows {
-			return fmt.Errorf("step %d does not exist", id)
-		} else if err != nil {
-			return err
-		}
-		if err := call(ctx, tx); err != nil {
-			return err
-		}
-		return tx.QueryRow(ctx, `SELECT s.task_id, s.name, s.state, s.next_attempt_at, s.attempts, s.max_attempts,
-				s.output, t.status
-			FROM stepready.steps s JOIN stepready.tasks t ON t.id = s.task_id WHERE s.id = $1`, id).
-			Scan(&ch.TaskID, &ch.Name, &ch.State, &ch.NextAttemptAt, &ch.Attempts, &ch.MaxAttempts, &ch.Output,
-				&ch.TaskStatus)
-	})
-	if err != nil {
-		return nil, err
-	}
-	if action != "resolve" {
-		ch.Output = nil
-	}
-	return ch, nil
-}
-
-func (c *stepChange) write(cmd *cobra.Command, format string) error {
+func writeStepChange(cmd *cobra.Command, c *stepready.StepChange, format string) error {
 	if format == outputJSON {
 		return writeJSON(cmd.OutOrStdout(), c)
 	}

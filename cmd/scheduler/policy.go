@@ -5,41 +5,13 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // `scheduler policy list` and `scheduler policy simulate`. The timeline is computed by the database with the
 // functions the runtime uses (retry_eligible, backoff_delay_ms and the jitter formula of fail_step), so what
 // the command prints is what runs.
-
-type policyRow struct {
-	Name        string   `json:"name"`
-	MaxAttempts *int32   `json:"max_attempts"`
-	Retryable   *bool    `json:"retryable"`
-	Backoff     *string  `json:"backoff"`
-	BaseDelayMs *int64   `json:"base_delay_ms"`
-	Multiplier  *float64 `json:"multiplier"`
-	MaxDelayMs  *int64   `json:"max_delay_ms"`
-	Jitter      *float64 `json:"jitter"`
-}
-
-// simulatedAttempt is one row of the timeline: attempt k starts at StartsAtMs (after the first attempt's
-// start, attempts taking no time) and, if it fails, either a retry follows after DelayMs or the step ends.
-type simulatedAttempt struct {
-	Attempt      int32    `json:"attempt"`
-	StartsAtMs   int64    `json:"starts_at_ms"`
-	Retry        bool     `json:"retry"`
-	BackoffMs    *int64   `json:"backoff_delay_ms"`
-	JitterSample *float64 `json:"jitter_sample"`
-	DelayMs      *int64   `json:"delay_ms"`
-	CumulativeMs *int64   `json:"cumulative_ms"`
-}
-
-type simulation struct {
-	Policy policyRow `json:"policy"`
-	// Overridden is true when flags changed fields of the preset named in Policy.
-	Overridden bool               `json:"overridden"`
-	Timeline   []simulatedAttempt `json:"timeline"`
-}
 
 // maxSimulatedAttempts bounds the timeline.
 const maxSimulatedAttempts = 1000
@@ -59,17 +31,12 @@ func newPolicyCommand(_ *globalOptions) *cobra.Command {
 		Args:    usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-				rows, err := conn.Query(cmd.Context(), `SELECT name, max_attempts, retryable, backoff, base_delay_ms,
-					multiplier, max_delay_ms, jitter FROM stepready.retry_policies ORDER BY name`)
-				if err != nil {
-					return err
-				}
-				ps, err := pgx.CollectRows(rows, pgx.RowToStructByPos[policyRow])
+				ps, err := readmodel.Policies(cmd.Context(), conn)
 				if err != nil {
 					return err
 				}
 				if format == outputJSON {
-					return writeJSON(cmd.OutOrStdout(), append([]policyRow{}, ps...))
+					return writeJSON(cmd.OutOrStdout(), ps)
 				}
 				tw := newTable(cmd.OutOrStdout())
 				fmt.Fprintln(tw, "NAME\tMAX ATTEMPTS\tRETRYABLE\tBACKOFF\tBASE MS\tMULTIPLIER\tMAX DELAY MS\tJITTER")
@@ -131,64 +98,40 @@ func newPolicyCommand(_ *globalOptions) *cobra.Command {
 			if flagMax && flagCap {
 				return usagef("--max-delay-ms and --uncapped: give one")
 			}
-			// Flags not given are NULL: the preset's value stays.
-			pick := func(set bool, v any) any {
-				if set {
-					return v
-				}
-				return nil
+			// Flags not given stay nil: the preset's value stays.
+			var ov readmodel.PolicyOverrides
+			if flagAttempts {
+				ov.MaxAttempts = new(int32(attempts))
+			}
+			if flagRetry {
+				ov.Retryable = &retryable
+			}
+			if flagBackoff {
+				ov.Backoff = &backoff
+			}
+			if flagBase {
+				ov.BaseDelayMs = &baseDelay
+			}
+			if flagMult {
+				ov.Multiplier = &multiplier
+			}
+			if flagMax {
+				ov.MaxDelayMs = &maxDelay
+			}
+			ov.Uncapped = flagCap
+			if flagJitter {
+				ov.Jitter = &jitter
+			}
+			opts := readmodel.SimulateOptions{Overrides: ov, MaxAttempts: maxSimulatedAttempts}
+			if flagSeed {
+				opts.Seed = &seed
 			}
 			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-				sim := &simulation{Timeline: []simulatedAttempt{}, Overridden: flagBackoff || flagBase || flagMax ||
-					flagMult || flagJitter || flagAttempts || flagRetry || flagCap}
+				var sim *readmodel.Simulation
+				// setseed and random() share the transaction's session.
 				err := pgx.BeginFunc(cmd.Context(), conn, func(tx pgx.Tx) error {
-					err := tx.QueryRow(cmd.Context(), `SELECT p.name, COALESCE($2, p.max_attempts),
-							COALESCE($3, p.retryable), COALESCE($4, p.backoff), COALESCE($5, p.base_delay_ms),
-							COALESCE($6, p.multiplier), CASE WHEN $8 THEN NULL ELSE COALESCE($7, p.max_delay_ms) END,
-							COALESCE($9, p.jitter)
-						FROM stepready.retry_policies p WHERE p.name = $1`,
-						name, pick(flagAttempts, attempts), pick(flagRetry, retryable), pick(flagBackoff, backoff),
-						pick(flagBase, baseDelay), pick(flagMult, multiplier), pick(flagMax, maxDelay), flagCap,
-						pick(flagJitter, jitter)).
-						Scan(&sim.Policy.Name, &sim.Policy.MaxAttempts, &sim.Policy.Retryable, &sim.Policy.Backoff,
-							&sim.Policy.BaseDelayMs, &sim.Policy.Multiplier, &sim.Policy.MaxDelayMs, &sim.Policy.Jitter)
-					if err == pgx.ErrNoRows {
-						return fmt.Errorf("no retry policy %q (see `scheduler policy list`)", name)
-					} else if err != nil {
-						return err
-					}
-					if flagSeed {
-						if _, err := tx.Exec(cmd.Context(), `SELECT setseed($1)`, seed); err != nil {
-							return err
-						}
-					}
-					p := sim.Policy
-					// Attempt k fails; retry_eligible(k, …) says whether a retry follows (exactly fail_step's
-					// exhaustion rule), and the delay is the jittered backoff of attempt k. Samples are drawn in
-					// attempt order (the series is generated and read in order, one random() per row).
-					rows, err := tx.Query(cmd.Context(), `
-						WITH a AS (
-							SELECT k, CASE WHEN $8 THEN random() ELSE 0 END AS sample
-							  FROM generate_series(1, LEAST(GREATEST(COALESCE($1::int, 3), 1), $9)) AS k
-						), d AS (
-							SELECT k, stepready.retry_eligible(k, $1, $2) AS retry, sample,
-							       stepready.backoff_delay_ms($3, k, $4, $5, $6) AS backoff
-							  FROM a
-						), j AS (
-							SELECT k, retry, sample, backoff,
-							       CASE WHEN retry THEN stepready._jittered_delay_ms(backoff, $7, sample) END AS delay
-							  FROM d
-						)
-						SELECT k, COALESCE(sum(delay) OVER (ORDER BY k ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)::bigint,
-						       retry, CASE WHEN retry THEN backoff END, CASE WHEN retry AND $8 THEN sample END, delay,
-						       CASE WHEN retry THEN sum(delay) OVER (ORDER BY k)::bigint END
-						  FROM j ORDER BY k`,
-						p.MaxAttempts, p.Retryable, p.Backoff, p.BaseDelayMs, p.Multiplier, p.MaxDelayMs, p.Jitter,
-						flagSeed, maxSimulatedAttempts)
-					if err != nil {
-						return err
-					}
-					sim.Timeline, err = pgx.CollectRows(rows, pgx.RowToStructByPos[simulatedAttempt])
+					var err error
+					sim, err = readmodel.Simulate(cmd.Context(), tx, name, opts)
 					return err
 				})
 				if err != nil {
@@ -197,7 +140,7 @@ func newPolicyCommand(_ *globalOptions) *cobra.Command {
 				if format == outputJSON {
 					return writeJSON(cmd.OutOrStdout(), sim)
 				}
-				sim.writeTable(cmd)
+				writeSimulation(cmd, sim)
 				return nil
 			})
 		},
@@ -221,7 +164,7 @@ func newPolicyCommand(_ *globalOptions) *cobra.Command {
 	return cmd
 }
 
-func (s *simulation) writeTable(cmd *cobra.Command) {
+func writeSimulation(cmd *cobra.Command, s *readmodel.Simulation) {
 	out := cmd.OutOrStdout()
 	p := s.Policy
 	maxDelay := "uncapped"

@@ -6,6 +6,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 func TestPolicyListAndSimulate(t *testing.T) {
@@ -23,7 +25,7 @@ func TestPolicyListAndSimulate(t *testing.T) {
 	// The cap of 30 s applies from the 9th attempt of aggressive (200 ms × 2^8 = 51.2 s).
 	stdout, _, err = b.run("policy", "simulate", "aggressive", "--attempts", "10", "-o", "json")
 	require.NoError(t, err)
-	var sim simulation
+	var sim readmodel.Simulation
 	require.NoError(t, json.Unmarshal([]byte(stdout), &sim))
 	require.Len(t, sim.Timeline, 10)
 	want := []int64{200, 400, 800, 1600, 3200, 6400, 12800, 25600, 30000}
@@ -75,7 +77,7 @@ func TestOperatorCommandsReadTheEnvironment(t *testing.T) {
 	})
 	root.SetArgs([]string{"policy", "list"})
 	require.NoError(t, root.ExecuteContext(t.Context()), errOut.String())
-	var ps []policyRow
+	var ps []readmodel.Policy
 	require.NoError(t, json.Unmarshal(out.Bytes(), &ps), out.String())
 	require.Len(t, ps, 4)
 }

@@ -9,21 +9,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
-	"github.com/stepready/stepready/internal/store"
-	"github.com/stepready/stepready/readiness"
+	"github.com/stepready/stepready"
 )
-
-// pruneResult is the output of `scheduler prune`.
-type pruneResult struct {
-	// Pruned is how many tasks were deleted, or with --dry-run would be.
-	Pruned int `json:"pruned"`
-	// DryRun is true when nothing was deleted.
-	DryRun bool `json:"dry_run"`
-	// FinishedBefore is the cut-off: the database's now minus --older-than.
-	FinishedBefore time.Time `json:"finished_before"`
-	// Statuses are the task statuses pruned.
-	Statuses []string `json:"statuses"`
-}
 
 // newPruneCommand builds `scheduler prune` (SPEC §13).
 func newPruneCommand(_ *globalOptions) *cobra.Command {
@@ -62,28 +49,10 @@ func newPruneCommand(_ *globalOptions) *cobra.Command {
 				}
 			}
 			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-				res := pruneResult{DryRun: dryRun, Statuses: statuses}
-				if err := conn.QueryRow(cmd.Context(), `SELECT now() - make_interval(secs => $1)`,
-					olderThan.Seconds()).Scan(&res.FinishedBefore); err != nil {
+				res, err := stepready.Prune(cmd.Context(), conn, stepready.PruneOptions{OlderThan: olderThan,
+					Statuses: statuses, DryRun: dryRun})
+				if err != nil {
 					return err
-				}
-				if dryRun {
-					n, err := store.CountPrunable(cmd.Context(), conn, res.FinishedBefore, statuses)
-					if err != nil {
-						return err
-					}
-					res.Pruned = n
-				} else {
-					for {
-						n, err := store.PruneTasks(cmd.Context(), conn, res.FinishedBefore, statuses, readiness.PruneBatchDefault)
-						if err != nil {
-							return err
-						}
-						res.Pruned += n
-						if n < readiness.PruneBatchDefault {
-							break
-						}
-					}
 				}
 				if format == outputJSON {
 					return writeJSON(cmd.OutOrStdout(), res)

@@ -5,6 +5,8 @@ import (
 	"testing"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready"
 )
 
 // TestPrune: --dry-run counts and deletes nothing; without it the finished tasks of the statuses go; unfinished
@@ -20,7 +22,7 @@ func TestPrune(t *testing.T) {
 
 	stdout, stderr, err := b.run("prune", "--older-than", "1h", "--dry-run", "-o", "json")
 	require.NoError(t, err, stderr)
-	var res pruneResult
+	var res stepready.PruneResult
 	require.NoError(t, json.Unmarshal([]byte(stdout), &res))
 	require.Equal(t, 1, res.Pruned)
 	require.True(t, res.DryRun)
@@ -43,4 +45,15 @@ func TestPrune(t *testing.T) {
 	require.ErrorContains(t, err, `--status "pending": want a comma-separated list of complete, cancelled, error`)
 	_, _, err = b.run("prune")
 	require.ErrorContains(t, err, "--older-than is required")
+}
+
+// A dry run checks the privileges of the real run: an operator, who may not prune, is refused by the dry run
+// too, with the role that may (it used to count, then the real run was refused).
+func TestPruneDryRunChecksThePrivilege(t *testing.T) {
+	t.Parallel()
+	b := cliSetup(t)
+	url := b.db.LoginRole(t, "stepready_operator")
+	_, _, err := executeIsolated(t.Context(), t, "prune", "--older-than", "1h", "--dry-run", "--database-url", url)
+	require.ErrorContains(t, err, "permission denied for function stepready.prune_tasks")
+	require.ErrorContains(t, err, "stepready_worker")
 }

@@ -21,18 +21,7 @@ import (
 var terminalStates = []string{"complete", "error", "skipped", "cancelled", "resolved_manually"}
 
 // taskStatuses are the values of tasks.status (SPEC §2), the choices of --status.
-var taskStatuses = []string{"pending", "in_progress", "complete", "error", "cancelled"}
-
-type taskRow struct {
-	ID        int64     `json:"id"`
-	Name      string    `json:"name"`
-	Namespace string    `json:"namespace"`
-	Status    string    `json:"status"`
-	Paused    bool      `json:"paused"`
-	Steps     int32     `json:"steps"`
-	CreatedAt time.Time `json:"created_at"`
-	UpdatedAt time.Time `json:"updated_at"`
-}
+var taskStatuses = readmodel.TaskStatuses
 
 func newTaskListCommand(o *dbOptions) *cobra.Command {
 	var (
@@ -63,16 +52,13 @@ func newTaskListCommand(o *dbOptions) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				rows, err := tx.Query(cmd.Context(), readmodel.Query("task_list"), status, name, limit)
-				if err != nil {
-					return err
-				}
-				tasks, err := pgx.CollectRows(rows, pgx.RowToStructByPos[taskRow])
+				tasks, err := readmodel.ListTasks(cmd.Context(), tx, readmodel.TaskFilter{Status: status, Name: name,
+					Limit: limit})
 				if err != nil {
 					return err
 				}
 				if format == outputJSON {
-					return writeJSON(cmd.OutOrStdout(), append([]taskRow{}, tasks...))
+					return writeJSON(cmd.OutOrStdout(), tasks)
 				}
 				tw := newTable(cmd.OutOrStdout())
 				fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tSTEPS\tCREATED\tUPDATED")
@@ -95,32 +81,17 @@ func newTaskListCommand(o *dbOptions) *cobra.Command {
 	return cmd
 }
 
-// taskShow is what `scheduler task show` prints; its JSON form is stable.
+// taskShow is what `scheduler task show` prints: the read model's task detail (its JSON form), and the steps
+// laid out as a tree for the table.
 type taskShow struct {
-	taskRow
-	ExecutionStatus string     `json:"execution_status"`
-	NextAttemptAt   *time.Time `json:"next_attempt_at"`
-	RunAt           *time.Time `json:"run_at,omitempty"` // the task's delayed start (SPEC §15), NULL: none
-	AsOf            time.Time  `json:"as_of"`
-	StepList        []stepShow `json:"step_list"`
+	*readmodel.TaskDetail
+	tree []treeStep
 }
 
-type stepShow struct {
-	ID            int64      `json:"id"`
-	Name          string     `json:"name"`
-	Handler       string     `json:"handler"`
-	State         string     `json:"state"`
-	Attempts      int32      `json:"attempts"`
-	MaxAttempts   *int32     `json:"max_attempts"`
-	NextAttemptAt *time.Time `json:"next_attempt_at"`
-	Ready         bool       `json:"ready"`
-	BlockedReason *string    `json:"blocked_reason"`
-	// FlowLimit is explain's message when flow control holds the step (SPEC §14): the key, and the count in
-	// flight or the time of the next token.
-	FlowLimit *string         `json:"flow_limit,omitempty"`
-	LastError json.RawMessage `json:"last_error"`
-	Parents   []string        `json:"parents"`
-	depth     int
+// treeStep is a step with its depth in the tree.
+type treeStep struct {
+	readmodel.Step
+	depth int
 }
 
 func newTaskShowCommand(o *dbOptions) *cobra.Command {
@@ -155,48 +126,20 @@ func newTaskShowCommand(o *dbOptions) *cobra.Command {
 }
 
 func readTaskShow(ctx context.Context, conn *pgx.Conn, o *dbOptions, id int64) (*taskShow, error) {
-	tx, err := conn.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead, AccessMode: pgx.ReadOnly})
+	asOf, err := o.asOfTime()
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	now, err := o.dbNow(ctx, tx)
+	d, err := readmodel.ReadTask(ctx, conn, id, readmodel.TaskOptions{AsOf: asOf})
 	if err != nil {
 		return nil, err
 	}
-	show := &taskShow{AsOf: now, StepList: []stepShow{}}
-	err = tx.QueryRow(ctx, readmodel.Query("task_show_header"), id, now).
-		Scan(&show.ID, &show.Name, &show.Namespace, &show.Status, &show.Paused, &show.Steps, &show.CreatedAt,
-			&show.UpdatedAt, &show.ExecutionStatus, &show.NextAttemptAt, &show.RunAt)
-	if err == pgx.ErrNoRows {
-		return nil, fmt.Errorf("task %d does not exist", id)
-	} else if err != nil {
-		return nil, err
-	}
-	rows, err := tx.Query(ctx, readmodel.Query("task_show_steps"), id, now)
-	if err != nil {
-		return nil, err
-	}
-	var s stepShow
-	_, err = pgx.ForEachRow(rows, []any{&s.ID, &s.Name, &s.Handler, &s.State, &s.Attempts, &s.MaxAttempts,
-		&s.NextAttemptAt, &s.Ready, &s.BlockedReason, &s.FlowLimit, &s.LastError, &s.Parents}, func() error {
-		if s.Parents == nil {
-			s.Parents = []string{}
-		}
-		show.StepList = append(show.StepList, s)
-		s = stepShow{}
-		return nil
-	})
-	if err != nil {
-		return nil, err
-	}
-	show.StepList = treeOrder(show.StepList)
-	return show, nil
+	return &taskShow{TaskDetail: d, tree: treeOrder(d.StepList)}, nil
 }
 
 // treeOrder orders steps depth first from the roots: each step comes after its last parent (by position),
 // indented one level deeper than that parent. Steps without parents are roots, in id order.
-func treeOrder(steps []stepShow) []stepShow {
+func treeOrder(steps []readmodel.Step) []treeStep {
 	byName := map[string]int{}
 	for i, s := range steps {
 		byName[s.Name] = i
@@ -217,12 +160,10 @@ func treeOrder(steps []stepShow) []stepShow {
 		}
 		children[p] = append(children[p], i)
 	}
-	out := make([]stepShow, 0, len(steps))
+	out := make([]treeStep, 0, len(steps))
 	var walk func(i, depth int)
 	walk = func(i, depth int) {
-		s := steps[i]
-		s.depth = depth
-		out = append(out, s)
+		out = append(out, treeStep{Step: steps[i], depth: depth})
 		for _, c := range children[i] {
 			walk(c, depth+1)
 		}
@@ -250,7 +191,7 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 	fmt.Fprintln(out)
 	tw := newTable(out)
 	fmt.Fprintln(tw, "STEP\tID\tSTATE\tATTEMPT\tNEXT ATTEMPT\tREADY\tLAST ERROR")
-	for _, s := range t.StepList {
+	for _, s := range t.tree {
 		name := strings.Repeat("  ", s.depth) + termSafe(s.Name)
 		if len(s.Parents) > 1 {
 			name += " (after " + termSafe(strings.Join(s.Parents, ", ")) + ")"
@@ -266,10 +207,11 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 		switch {
 		case slices.Contains(terminalStates, s.State):
 			ready = "-" // finished: readiness no longer applies
-		case s.FlowLimit != nil:
-			ready = termSafe(*s.FlowLimit) // names the key: "concurrency limited by tenant:7: 2 of 2 in flight"
 		case !s.Ready:
 			ready = orDash(s.BlockedReason)
+			if s.BlockedReason != nil && (*s.BlockedReason == "concurrency_limited" || *s.BlockedReason == "rate_limited") {
+				ready = termSafe(s.Why) // names the key: "concurrency limited by tenant:7: 2 of 2 in flight"
+			}
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\n", name, s.ID, s.State, s.Attempts, orDash(s.MaxAttempts),
 			next, ready, lastError(s.LastError))
@@ -293,26 +235,11 @@ func lastError(doc json.RawMessage) string {
 	return termSafe(strings.TrimSuffix(e.Class+": "+msg, ": "))
 }
 
-type eventRow struct {
-	ID        int64           `json:"id"`
-	At        time.Time       `json:"at"`
-	StepID    *int64          `json:"step_id"`
-	StepName  *string         `json:"step_name"`
-	Attempt   *int32          `json:"attempt"`
-	Iteration *int32          `json:"iteration"`
-	Event     string          `json:"event"`
-	FromState *string         `json:"from_state"`
-	ToState   *string         `json:"to_state"`
-	Details   json.RawMessage `json:"details"`
-	atText    string
-}
-
 func newTaskEventsCommand(o *dbOptions) *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "events TASK_ID",
-		Short: "Print the task's step_events timeline, oldest first",
-		Long: "Print the task's history (stepready.step_events), oldest first: time (in the database session's time\n" +
-			"zone), step, attempt, event, state change and details (error, class, chosen delay, jitter sample…).",
+		Use:     "events TASK_ID",
+		Short:   "Print the task's step_events timeline, oldest first",
+		Long:    "Print the task's history (stepready.step_events), oldest first: time (UTC), step, attempt, event, state change and details (error, class, chosen delay, jitter sample…).",
 		Example: "  scheduler task events 12\n  scheduler task events 12 --output json",
 		Args:    usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -321,25 +248,7 @@ func newTaskEventsCommand(o *dbOptions) *cobra.Command {
 				return err
 			}
 			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-				var exists bool
-				if err := conn.QueryRow(cmd.Context(), readmodel.Query("task_exists"), id).Scan(&exists); err != nil {
-					return err
-				}
-				if !exists {
-					return fmt.Errorf("task %d does not exist", id)
-				}
-				rows, err := conn.Query(cmd.Context(), readmodel.Query("task_timeline"), id)
-				if err != nil {
-					return err
-				}
-				events := []eventRow{}
-				var e eventRow
-				_, err = pgx.ForEachRow(rows, []any{&e.ID, &e.At, &e.StepID, &e.StepName, &e.Attempt, &e.Iteration,
-					&e.Event, &e.FromState, &e.ToState, &e.Details, &e.atText}, func() error {
-					events = append(events, e)
-					e = eventRow{}
-					return nil
-				})
+				events, err := readmodel.TaskTimeline(cmd.Context(), conn, id)
 				if err != nil {
 					return err
 				}
@@ -357,8 +266,8 @@ func newTaskEventsCommand(o *dbOptions) *cobra.Command {
 					if details == "{}" || details == "" {
 						details = "-"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.atText, termSafePtr(e.StepName), orDash(e.Attempt), e.Event,
-						change, termSafe(details))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.At.UTC().Format("2006-01-02 15:04:05.000"),
+						termSafePtr(e.StepName), orDash(e.Attempt), e.Event, change, termSafe(details))
 				}
 				return tw.Flush()
 			})

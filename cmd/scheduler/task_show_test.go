@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // showFixture makes a diamond whose root failed once (transient, retry in 1 s) at cliBase, with every
@@ -41,7 +43,7 @@ func TestTaskListShowEvents(t *testing.T) {
 
 	stdout, _, err = b.run("task", "list", "--status", "in_progress", "-o", "json")
 	require.NoError(t, err)
-	var tasks []taskRow
+	var tasks []readmodel.TaskSummary
 	require.NoError(t, json.Unmarshal([]byte(stdout), &tasks))
 	require.Len(t, tasks, 1)
 	require.Equal(t, "diamond", tasks[0].Name)

@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/stepready/stepready/internal/readmodel"
 	"github.com/stepready/stepready/internal/templates"
 )
 
@@ -93,28 +94,11 @@ func newTemplateCommand(_ *globalOptions) *cobra.Command {
 		Args:    usageArgs(cobra.NoArgs),
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-				type row struct {
-					Name      string    `json:"name"`
-					Version   int32     `json:"version"`
-					Newest    bool      `json:"newest"`
-					Steps     int32     `json:"steps"`
-					CreatedAt time.Time `json:"created_at"`
-				}
-				rows, err := conn.Query(cmd.Context(), `SELECT name, version,
-						version = max(version) OVER (PARTITION BY name), jsonb_array_length(definition -> 'steps'),
-						created_at
-					FROM stepready.task_templates ORDER BY name, version`)
-				if err != nil {
-					return err
-				}
-				out, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+				out, err := readmodel.Templates(cmd.Context(), conn)
 				if err != nil {
 					return err
 				}
 				if format == outputJSON {
-					if out == nil {
-						out = []row{}
-					}
 					return writeJSON(cmd.OutOrStdout(), out)
 				}
 				tw := newTable(cmd.OutOrStdout())

@@ -12,8 +12,8 @@ import (
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/dispatch"
 	"github.com/stepready/stepready/internal/store"
-	"github.com/stepready/stepready/readiness"
 	"github.com/stepready/stepready/steps"
 )
 
@@ -153,7 +153,7 @@ const rawWorkers = 4
 
 // throughputSQL is the ceiling: a tight loop calling only the SQL functions, through their best path and with no
 // handler machinery. Each of rawWorkers goroutines claims and starts a batch (claim_and_start_steps, as many as
-// the daemon claims at most: readiness.BatchMax) and completes it (complete_steps): the same statements, fencing,
+// the daemon claims at most: dispatch.BatchMax) and completes it (complete_steps): the same statements, fencing,
 // events, task status and notifications the daemon's direct dispatch uses, without its goroutines, heartbeats,
 // timeouts or batching delays.
 func throughputSQL(ctx context.Context, env *Env, n int) (float64, error) {
@@ -174,7 +174,7 @@ func throughputSQL(ctx context.Context, env *Env, n int) (float64, error) {
 			defer wg.Done()
 			worker := fmt.Sprintf("raw-%d", w)
 			for {
-				started, err := store.ClaimAndStartSteps(ctx, pool, readiness.BatchMax, worker, 30*time.Second)
+				started, err := store.ClaimAndStartSteps(ctx, pool, dispatch.BatchMax, worker, 30*time.Second)
 				if err != nil {
 					errs <- err
 					return

@@ -16,13 +16,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 var (
-	//go:embed sql/last_event_id.sql
-	lastEventIDSQL string
-	//go:embed sql/events.sql
-	eventsSQL string
 	//go:embed sql/task_status.sql
 	taskStatusSQL string
 	//go:embed sql/summary.sql
@@ -69,7 +67,7 @@ type Account struct {
 	interval time.Duration
 	loc      *time.Location
 
-	cursor  cursor
+	cursor  *readmodel.EventCursor
 	tasks   map[int64]*taskState // every task seen in an event, and the watched ones
 	started time.Time
 
@@ -95,9 +93,11 @@ func NewAccount(ctx context.Context, pool *pgxpool.Pool, out io.Writer, opts Opt
 	if a.loc == nil {
 		a.loc = time.Local
 	}
-	if err := pool.QueryRow(ctx, lastEventIDSQL).Scan(&a.cursor.floor); err != nil {
+	var err error
+	if a.cursor, err = readmodel.NewEventCursor(ctx, pool); err != nil {
 		return nil, fmt.Errorf("demo: read the last event: %w", err)
 	}
+	a.cursor.GapWait = gapWait
 	return a, nil
 }
 
@@ -253,30 +253,24 @@ type line struct {
 }
 
 func (a *Account) readEvents(ctx context.Context) ([]event, error) {
-	rows, err := a.pool.Query(ctx, eventsSQL, a.cursor.floor)
+	read, err := a.cursor.Poll(ctx, a.pool, 1000, time.Now())
 	if err != nil {
 		return nil, fmt.Errorf("demo: read events: %w", err)
 	}
-	defer rows.Close()
-	var events []event
-	for rows.Next() {
-		var e event
-		var details []byte
-		if err := rows.Scan(&e.ID, &e.At, &e.TaskID, &e.Task, &e.Step, &e.Attempt, &e.Iteration, &e.Event,
-			&e.ToState, &details); err != nil {
-			return nil, fmt.Errorf("demo: read events: %w", err)
+	events := make([]event, len(read))
+	for i, r := range read {
+		e := event{ID: r.ID, At: r.At, TaskID: r.TaskID, Task: r.TaskName, Step: r.StepName, Event: r.Event,
+			ToState: r.ToState}
+		if r.Attempt != nil {
+			e.Attempt = new(int(*r.Attempt))
 		}
-		if !a.cursor.take(e.ID) {
-			continue
+		if r.Iteration != nil {
+			e.Iteration = new(int(*r.Iteration))
 		}
 		// Details are informative: an unexpected shape leaves the fields empty rather than stopping the demo.
-		_ = json.Unmarshal(details, &e.Details)
-		events = append(events, e)
+		_ = json.Unmarshal(r.Details, &e.Details)
+		events[i] = e
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("demo: read events: %w", err)
-	}
-	a.cursor.advance(time.Now())
 	return events, nil
 }
 

@@ -16,34 +16,6 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(pgtest.Main(m)) }
 
-func TestCursorFindsLateEventsAndGivesUpOnGaps(t *testing.T) {
-	t.Parallel()
-	c := cursor{floor: 10}
-	now := time.Now()
-
-	require.True(t, c.take(11))
-	require.True(t, c.take(13)) // 12 is not committed yet
-	require.False(t, c.take(13), "shown once")
-	require.False(t, c.take(9), "below the floor")
-	c.advance(now)
-	require.Equal(t, int64(11), c.floor, "the floor waits below the gap")
-
-	require.True(t, c.take(12), "the late event is still found")
-	c.advance(now.Add(time.Second))
-	require.Equal(t, int64(13), c.floor)
-	require.Empty(t, c.seen)
-
-	// 14 and 15 never appear (rolled back); 16 does.
-	require.True(t, c.take(16))
-	c.advance(now)
-	require.Equal(t, int64(13), c.floor)
-	c.advance(now.Add(gapWait - time.Millisecond))
-	require.Equal(t, int64(13), c.floor, "still waiting")
-	c.advance(now.Add(gapWait))
-	require.Equal(t, int64(16), c.floor, "gave up on 14 and 15")
-	require.Empty(t, c.seen)
-}
-
 func ptr[T any](v T) *T { return &v }
 
 func TestEventLines(t *testing.T) {

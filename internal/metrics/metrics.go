@@ -26,6 +26,8 @@ type Metrics struct {
 	readyToStart        prometheus.Histogram
 	attemptDuration     prometheus.Histogram
 	inFlight            prometheus.Gauge
+	// Schedules (SPEC §15), counted by the instance that fired them.
+	scheduleFires, scheduleErrors *prometheus.CounterVec
 }
 
 // New creates the collectors and registers them with reg (nil: not registered anywhere).
@@ -69,11 +71,16 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Handler run time of one attempt.", Buckets: prometheus.ExponentialBuckets(0.0005, 2, 20)}),
 		inFlight: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stepready_attempts_in_flight",
 			Help: "Attempts running on this daemon now."}),
+		scheduleFires: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stepready_schedule_fires_total",
+			Help: "Schedule fire times handled by this instance as leader, by outcome."}, []string{"outcome"}),
+		scheduleErrors: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "stepready_schedule_errors_total",
+			Help: "Schedule fires that failed (missing or invalid template, invalid cron or time zone)."},
+			[]string{"schedule"}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.claimed, m.started, m.completed, m.failed, m.retries, m.released, m.reaped, m.pruned,
 			m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag, m.flowSteps, m.flowKeys,
-			m.claimLatency, m.readyToStart, m.attemptDuration, m.inFlight)
+			m.claimLatency, m.readyToStart, m.attemptDuration, m.inFlight, m.scheduleFires, m.scheduleErrors)
 	}
 	return m
 }
@@ -178,5 +185,20 @@ func (m *Metrics) Pruned(n int) {
 func (m *Metrics) Reaped(n int) {
 	if m != nil && n > 0 {
 		m.reaped.Add(float64(n))
+	}
+}
+
+// ScheduleFired records one fire time handled by the schedule enqueuer, by outcome (fired, skipped, failed,
+// stale).
+func (m *Metrics) ScheduleFired(outcome string) {
+	if m != nil {
+		m.scheduleFires.WithLabelValues(outcome).Inc()
+	}
+}
+
+// ScheduleErrored records a fire of schedule that failed.
+func (m *Metrics) ScheduleErrored(schedule string) {
+	if m != nil {
+		m.scheduleErrors.WithLabelValues(schedule).Inc()
 	}
 }

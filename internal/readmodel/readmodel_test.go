@@ -7,10 +7,11 @@ import (
 )
 
 func TestQueriesParse(t *testing.T) {
-	for _, name := range []string{"tasks", "task", "steps", "task_list", "task_show_steps", "explain_reasons_task"} {
-		require.NotEmpty(t, Query(name), name)
+	t.Parallel()
+	for _, name := range []string{"tasks", "task", "steps", "events", "reasons_task", "simulate"} {
+		require.NotEmpty(t, query(name), name)
 	}
-	require.Panics(t, func() { Query("nope") })
+	require.Panics(t, func() { query("nope") })
 	require.Panics(t, func() { mustParseQueries("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n") })
 	require.Equal(t, map[string]string{"a": "SELECT 1;", "b": "SELECT 2;"},
 		mustParseQueries("-- header\n-- name: a\nSELECT 1;\n\n-- name: b\nSELECT 2;\n"))

@@ -527,10 +527,11 @@ func ReleaseStep(ctx context.Context, db DBTX, stepID int64, token *int) (bool, 
 	return ok, nil
 }
 
-// ReapExpiredLeases runs the lease reaper once; it returns how many steps it handled.
-func ReapExpiredLeases(ctx context.Context, db DBTX) (int, error) {
+// ReapExpiredLeases runs reap_expired_leases once on at most limit expired leases; it returns how many steps it
+// handled.
+func ReapExpiredLeases(ctx context.Context, db DBTX, limit int) (int, error) {
 	var n int
-	if err := db.QueryRow(ctx, `SELECT stepready.reap_expired_leases()`).Scan(&n); err != nil {
+	if err := db.QueryRow(ctx, `SELECT stepready.reap_expired_leases(now(), $1)`, limit).Scan(&n); err != nil {
 		return 0, fmt.Errorf("store: reap expired leases: %w", err)
 	}
 	return n, nil
@@ -589,13 +590,13 @@ func CountPrunable(ctx context.Context, db DBTX, finishedBefore time.Time, statu
 
 // QueueStat is one row of queue_stats: the backlog of one queue.
 type QueueStat struct {
-	Queue           string
-	Ready           int64
-	InFlight        int64
-	WaitingForRetry int64
-	DueWithinMinute int64
+	Queue           string `json:"queue"`
+	Ready           int64  `json:"ready"`
+	InFlight        int64  `json:"in_flight"`
+	WaitingForRetry int64  `json:"waiting_for_retry"`
+	DueWithinMinute int64  `json:"due_within_minute"`
 	// OldestReadySeconds is how long the oldest ready step has waited to be claimed (0: none ready).
-	OldestReadySeconds float64
+	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
 }
 
 // QueueStats calls queue_stats: per queue, ready, in flight, waiting for retry, due within a minute and the

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/maintenance"
 	"github.com/stepready/stepready/schedules"
 	"github.com/stepready/stepready/steps"
 )
@@ -160,7 +161,7 @@ func TestScheduleMissingTemplateRecovers(t *testing.T) {
 	}
 	b.exec(t, `INSERT INTO stepready.task_templates (name, version, definition) VALUES ('later', 1, $1)`, tickTemplate)
 	// Retried ErrorRetryDefault after the failure.
-	b.waitFires(t, "later", 1, schedules.ErrorRetryDefault+20*time.Second)
+	b.waitFires(t, "later", 1, maintenance.ScheduleErrorRetryDefault+20*time.Second)
 	s, err := schedules.Get(context.Background(), b.db.Pool, "later")
 	require.NoError(t, err)
 	require.Nil(t, s.LastError)

@@ -26,6 +26,8 @@ def _env(name: str, default: Optional[str]) -> Optional[str]:
 
 
 def _duration(text: str) -> float:
+    if text.strip() in ("off", "-1"):  # as scheduler run's interval flags: never
+        return 0.0
     try:
         return parse_duration(text)
     except ValueError as e:
@@ -54,7 +56,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lease", type=_duration, default=_env("lease", _go(LEASE_DEFAULT)),
                    help="attempt lease, renewed every lease/3 (default %(default)s)")
     p.add_argument("--reap-interval", type=_duration, default=_env("reap-interval", _go(REAP_INTERVAL_DEFAULT)),
-                   help="how often to reap expired leases (one instance reaps each round); 0: never (default "
+                   help="how often to reap expired leases (one instance reaps each round); 0 or off: never (default "
                         "%(default)s)")
     p.add_argument("--poll-interval", type=_duration, default=_env("poll-interval", _go(POLL_INTERVAL_DEFAULT)),
                    help="fallback poll when no notification or retry timer wakes the claimer (default %(default)s)")

@@ -32,8 +32,9 @@ log = logging.getLogger("stepready_worker")
 
 Handler = Callable[["Step"], Any]
 
-# The transaction advisory lock that elects the one reaper of each round, the Go daemon's ReaperLockKey
-# ("StepRep\x01"): Python workers and Go daemons on one database take turns, and only one reaps at a time.
+# The transaction advisory lock that elects the one reaper of each round, the Go daemon's lease reaper key
+# ("StepRep\x01", internal/maintenance/elect.go): Python workers and Go daemons on one database take turns, and
+# only one reaps at a time.
 REAPER_LOCK_KEY = 0x5374_6570_5265_7001
 
 # Defaults, those of `scheduler run` (SPEC §11) unless said otherwise.
@@ -48,6 +49,7 @@ ABANDON_GRACE_DEFAULT = 5.0      # how long a handler may run on after it was as
 MAX_OUTPUT_BYTES_DEFAULT = 1 << 20
 RECORD_TIMEOUT = 60.0            # how long recording one outcome keeps retrying a lost connection
 CLAIM_BATCH_MAX = 1000
+REAP_BATCH = 1000                # leases one reap_expired_leases call handles (the Go reaper's batch)
 
 # SQLSTATE classes of an outcome the database refuses for what it holds (a value jsonb cannot store, a size
 # limit): recorded at once as a contract_failure instead of being left to the lease.
@@ -458,10 +460,15 @@ class Worker:
             with self._conn.transaction():
                 won = self._conn.execute("SELECT pg_try_advisory_xact_lock(%s) AS won",
                                          (REAPER_LOCK_KEY,)).fetchone()["won"]
-                if won:
-                    n = self._conn.execute("SELECT stepready.reap_expired_leases() AS n").fetchone()["n"]
-                    if n:
-                        log.info("worker: reaped %d expired leases", n)
+                total = 0
+                while won:  # in batches until a short one, so a backlog of any size is reaped in one round
+                    n = self._conn.execute("SELECT stepready.reap_expired_leases(now(), %s) AS n",
+                                           (REAP_BATCH,)).fetchone()["n"]
+                    total += n
+                    if n < REAP_BATCH:
+                        break
+                if total:
+                    log.info("worker: reaped %d expired leases", total)
         except (psycopg.OperationalError, psycopg.InterfaceError) as e:
             log.warning("worker: reap: %s", e)
             self._conn = None

@@ -1,0 +1,74 @@
+package maintenance_test
+
+import (
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/require"
+
+	"github.com/stepready/stepready/internal/maintenance"
+)
+
+// The elected instance exports the backlog per queue and what flow control holds back by reason; an instance
+// that loses the election exports none; a queue whose backlog ends reads 0 instead of vanishing.
+func TestBacklogExporterExportsTheBacklog(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(`SELECT stepready.create_task('{"name": "t", "steps": [{"name": "a", "handler": "h"},
+		{"name": "b", "handler": "h", "queue": "fast"}, {"name": "c", "handler": "h", "depends_on": ["a"]}]}')`)
+	b.exec(`SELECT stepready.create_task('{"name": "t", "concurrency": {"key": "tenant:1", "limit": 1},
+		"steps": [{"name": "a", "handler": "h", "queue": "keyed"}, {"name": "b", "handler": "h", "queue": "keyed"},
+		          {"name": "c", "handler": "h", "queue": "keyed"}]}')`)
+	b.exec(`SELECT count(*) FROM stepready.claim_ready_steps(1, 'w', 60000)`) // one of the five ready
+	e, err := maintenance.NewBacklogExporter(b.env, maintenance.BacklogExporterConfig{})
+	require.NoError(t, err)
+
+	won, err := e.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.True(t, won)
+	gauge := func(name, label, value string) float64 {
+		return testutil.ToFloat64(mustGauge(t, b, name, label, value))
+	}
+	sum := func(name string) float64 {
+		return gauge(name, "queue", "default") + gauge(name, "queue", "fast") + gauge(name, "queue", "keyed")
+	}
+	require.Equal(t, 3.0, gauge("stepready_steps_ready", "queue", "keyed")+gauge("stepready_steps_in_flight", "queue", "keyed"))
+	require.Equal(t, 4.0, sum("stepready_steps_ready"), "five ready steps, one claimed (c waits for a)")
+	require.Equal(t, 1.0, sum("stepready_steps_in_flight"))
+	require.Equal(t, 0.0, gauge("stepready_flow_blocked_steps", "reason", "rate_limited"))
+
+	// Nothing left anywhere: every queue seen reads 0, and "default" is always there.
+	b.exec(`TRUNCATE stepready.tasks CASCADE`)
+	_, err = e.RunOnce(b.ctx)
+	require.NoError(t, err)
+	for _, q := range []string{"default", "fast", "keyed"} {
+		require.Equal(t, 0.0, gauge("stepready_steps_ready", "queue", q), q)
+		require.Equal(t, 0.0, gauge("stepready_oldest_ready_seconds", "queue", q), q)
+	}
+	require.Equal(t, 0.0, gauge("stepready_flow_blocked_keys", "reason", "concurrency_limited"))
+
+	// Another instance holds this round: this one is not elected and exports nothing.
+	b.holdLock(maintenance.LockBacklogExporter)
+	won, err = e.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.False(t, won)
+	n, err := testutil.GatherAndCount(b.reg, "stepready_steps_ready", "stepready_flow_blocked_steps")
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// Flow control gauges count the keys at their limit and the steps they hold back, by reason only.
+func TestBacklogExporterExportsFlowControl(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(`SELECT stepready.create_task('{"name": "t", "concurrency": {"key": "tenant:1", "limit": 1},
+		"steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h"}, {"name": "c", "handler": "h"}]}')`)
+	b.exec(`SELECT * FROM stepready.claim_ready_steps(10, 'w', 60000)`)
+	e, err := maintenance.NewBacklogExporter(b.env, maintenance.BacklogExporterConfig{})
+	require.NoError(t, err)
+	_, err = e.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2.0, testutil.ToFloat64(mustGauge(t, b, "stepready_flow_blocked_steps", "reason", "concurrency_limited")))
+	require.Equal(t, 1.0, testutil.ToFloat64(mustGauge(t, b, "stepready_flow_blocked_keys", "reason", "concurrency_limited")))
+	require.Equal(t, 0.0, testutil.ToFloat64(mustGauge(t, b, "stepready_flow_blocked_steps", "reason", "rate_limited")))
+}
