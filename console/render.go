@@ -5,7 +5,6 @@ import (
 	"html/template"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/stepready/stepready/internal/readmodel"
@@ -74,18 +73,8 @@ func deref[T any](p *T) T {
 	return *p
 }
 
-// errorText is "class: message" of a last_error or attempt error document ("" when there is none), as the
-// CLI prints it.
-func errorText(doc json.RawMessage) string {
-	var e struct {
-		Class   string `json:"class"`
-		Message string `json:"message"`
-	}
-	if len(doc) == 0 || json.Unmarshal(doc, &e) != nil || (e.Class == "" && e.Message == "") {
-		return ""
-	}
-	return strings.TrimSuffix(e.Class+": "+strings.Join(strings.Fields(e.Message), " "), ": ")
-}
+// errorText is "class: message" of an error document, as every face prints it (readmodel.ErrorText).
+func errorText(doc json.RawMessage) string { return readmodel.ErrorText(doc) }
 
 // funcs are the templates' helpers.
 var funcs = template.FuncMap{

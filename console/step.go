@@ -47,7 +47,7 @@ func (c *Console) stepPage(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, "step", err)
 		return
 	}
-	d := stepData{StepDetail: detail, Error: errorText(detail.LastError),
+	d := stepData{StepDetail: detail, Error: detail.LastErrorText(),
 		Finished: slices.Contains(terminalStates, detail.State), Act: c.actionsView(r)}
 	c.render(w, r, "step", fmt.Sprintf("Step %s of task %d", detail.Name, taskID), "tasks", d)
 }

@@ -59,7 +59,7 @@ func (c *Console) taskPage(w http.ResponseWriter, r *http.Request) {
 	nodes := make([]dagNode, len(detail.StepList))
 	for i, s := range detail.StepList {
 		nodes[i] = dagNode{ID: s.ID, Name: s.Name, State: s.State, Attempts: s.Attempts, Max: deref(s.MaxAttempts)}
-		v := stepView{Step: s, Error: errorText(s.LastError)}
+		v := stepView{Step: s, Error: s.LastErrorText()}
 		if !s.Ready && !slices.Contains(terminalStates, s.State) {
 			v.WhyNot = s.Why
 		}
