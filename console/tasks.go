@@ -36,7 +36,7 @@ func (c *Console) tasksPage(w http.ResponseWriter, r *http.Request) {
 	}
 	after, ok := int64Param(qv.Get("after"))
 	if !ok {
-		http.Error(w, "after: want a positive task id", http.StatusBadRequest)
+		c.errorPage(w, r, http.StatusBadRequest, "after: want a positive task id.")
 		return
 	}
 	ctx := r.Context()
