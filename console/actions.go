@@ -244,7 +244,7 @@ var stepActions = map[string]action{
 }
 
 func (c *Console) taskAction(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := c.pathID(w, r, "id")
 	if !ok {
 		return
 	}
@@ -260,11 +260,11 @@ func (c *Console) taskAction(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
-	taskID, ok := pathID(w, r, "id")
+	taskID, ok := c.pathID(w, r, "id")
 	if !ok {
 		return
 	}
-	stepID, ok := pathID(w, r, "step")
+	stepID, ok := c.pathID(w, r, "step")
 	if !ok {
 		return
 	}

@@ -210,7 +210,8 @@ func relative(t, now time.Time) string {
 	return "now"
 }
 
-// shortDuration prints d like the SQL explain messages do: "0.9s", "1m05s", "2h03m".
+// shortDuration prints d like the SQL explain messages do: "0.9s", "1m05s", "2h03m"; from two days on, days and
+// hours ("1132d11h"), not thousands of hours.
 func shortDuration(d time.Duration) string {
 	ms := d.Milliseconds()
 	switch {
@@ -218,8 +219,10 @@ func shortDuration(d time.Duration) string {
 		return fmt.Sprintf("%.1fs", float64(ms)/1000)
 	case ms < 3_600_000:
 		return fmt.Sprintf("%dm%02ds", ms/60_000, ms%60_000/1000)
+	case ms < 48*3_600_000:
+		return fmt.Sprintf("%dh%02dm", ms/3_600_000, ms%3_600_000/60_000)
 	}
-	return fmt.Sprintf("%dh%02dm", ms/3_600_000, ms%3_600_000/60_000)
+	return fmt.Sprintf("%dd%02dh", ms/86_400_000, ms%86_400_000/3_600_000)
 }
 
 // orDash prints an optional value, or "-".
