@@ -174,3 +174,29 @@ func TestRunAtClaimCostFollowsReadySteps(t *testing.T) {
 	require.True(t, asOf.AddDate(1, 0, 0).Equal(next))
 	require.LessOrEqual(t, read, int64(10), "next_claim_at reads the first scheduled entry only")
 }
+
+// A delayed task stays delayed through operators: cancelled then reset, or retried now, before its run_at, its
+// first attempt still waits for run_at (SPEC §15: no step of the task is claimable before it). Before, both
+// cleared the delay and the step ran at once.
+func TestRunAtSurvivesResetAndRetryNow(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	runAt := lcBase.Add(time.Hour)
+	taskID, ids := b.task(fmt.Sprintf(`{"name": "later", "run_at": %q, "steps": [{"name": "a", "handler": "h"}]}`,
+		runAt.Format(time.RFC3339)))
+	b.exec(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, lcBase)
+	b.exec(`SELECT stepready.reset_task($1, $2)`, taskID, lcBase)
+	claimable := func(at time.Time) int {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM stepready.steps
+			WHERE id = $1 AND COALESCE(next_attempt_at, '-infinity') <= $2`, ids["a"], at).Scan(&n))
+		return n
+	}
+	require.Zero(t, claimable(lcBase), "reset keeps the first attempt at run_at")
+	b.requireNotReady(ids["a"], lcBase, "scheduled")
+	b.exec(`SELECT stepready.retry_step_now($1, $2)`, ids["a"], lcBase)
+	require.Zero(t, claimable(lcBase.Add(time.Minute)), "retry now keeps the first attempt at run_at")
+	b.requireNotReady(ids["a"], lcBase.Add(time.Minute), "scheduled")
+	require.Equal(t, 1, claimable(runAt))
+	b.requireReady(ids["a"], runAt)
+}
