@@ -13,11 +13,18 @@ BIN := bin/scheduler
 # make migrate DATABASE_URL=postgres://user:password@localhost:5432/stepready
 DATABASE_URL ?=
 
-.PHONY: help build run test test-race lint verify bench bench-quick migrate db-reset screenshots
+# The Python interpreter of the Python worker (workers/python) and its tests: $STEPREADY_PYTHON when set, else the first of
+# /usr/bin/python3 (Debian's, which sees python3-psycopg and python3-pytest) and python3 in PATH that imports
+# psycopg and pytest. Not simply the python3 first in PATH: a version manager's shim (pyenv) runs a Python that
+# does not see Debian's packages. The Go tests get it as STEPREADY_PYTHON (internal/python).
+PYTHON ?= $(shell for p in $${STEPREADY_PYTHON:-/usr/bin/python3 python3}; do \
+	"$$p" -c 'import psycopg, pytest' >/dev/null 2>&1 && { command -v "$$p"; break; }; done)
+
+.PHONY: help build run test test-race lint verify bench bench-quick migrate db-reset screenshots conformance python-check
 
 help: ## Show this list of targets
 	@echo "Usage: make TARGET"
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-10s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk 'BEGIN {FS = ":.*## "} {printf "  %-12s %s\n", $$1, $$2}'
 
 build: ## Build the scheduler binary into bin/scheduler
 	$(GO) build -o $(BIN) ./cmd/scheduler
@@ -25,8 +32,26 @@ build: ## Build the scheduler binary into bin/scheduler
 run: build ## Run the demo: local PostgreSQL in .stepready/ (unless DATABASE_URL), example tasks, live account
 	$(BIN) demo
 
-test: ## Run every test with the race detector (needs PostgreSQL: TEST_DATABASE_URL, Docker or a local initdb)
-	$(GO) test -race -count=1 ./...
+test: python-check ## Run every test with the race detector (needs PostgreSQL: TEST_DATABASE_URL, Docker or a local initdb)
+	STEPREADY_PYTHON="$(PYTHON)" $(GO) test -race -count=1 ./...
+
+# The suite's contract (WORKER_CMD, WORKER_RULES, the handlers) is tests/conformance/README.md.
+conformance: build python-check ## Run the worker conformance suite against scheduler run (both dispatch modes) and the Python worker
+	WORKER_NAME=go-river WORKER_RULES=1 WORKER_CMD="$(CURDIR)/$(BIN) run --dispatch river" \
+		$(GO) test -count=1 -run '^TestConformance$$' ./tests/conformance/
+	WORKER_NAME=go-direct WORKER_RULES=1 WORKER_CMD="$(CURDIR)/$(BIN) run --dispatch direct" \
+		$(GO) test -count=1 -run '^TestConformance$$' ./tests/conformance/
+	WORKER_NAME=python PYTHONPATH="$(CURDIR)/workers/python" WORKER_CMD="$(PYTHON) -m stepready_worker --builtins" \
+		$(GO) test -count=1 -run '^TestConformance$$' ./tests/conformance/
+
+python-check: ## Check that a Python interpreter imports psycopg and pytest (the Python worker and its tests)
+	@if [ -z "$(PYTHON)" ]; then \
+		echo "make: no Python interpreter imports psycopg and pytest (tried \$$STEPREADY_PYTHON when set, else /usr/bin/python3 and python3)."; \
+		echo "      Install Debian's packages: apt-get install python3-psycopg python3-pytest"; \
+		echo "      (a pyenv or asdf python3 first in PATH does not see them; /usr/bin/python3 does),"; \
+		echo "      or set STEPREADY_PYTHON to an interpreter that imports them."; \
+		exit 1; \
+	fi
 
 test-race: test ## Same as test: the race detector is always on
 

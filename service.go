@@ -14,6 +14,7 @@ import (
 	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/internal/worker"
+	"github.com/stepready/stepready/migrations"
 )
 
 // service is a started client: the poller, the listener, the maintenance services and a dispatcher.
@@ -46,6 +47,11 @@ func (c *Client) Start(ctx context.Context) error {
 	}
 	cfg := c.cfg
 	log := cfg.Logger
+	// The database must hold this build's schema and functions: refuse now, with what to do, rather than fail on
+	// every claim.
+	if err := migrations.Check(ctx, c.pool); err != nil {
+		return fmt.Errorf("stepready: %w", err)
+	}
 	svc := &service{stopped: make(chan struct{})}
 	pool := c.pool
 	if cfg.PollOnly {

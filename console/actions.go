@@ -20,6 +20,7 @@ import (
 
 	"github.com/stepready/stepready"
 	"github.com/stepready/stepready/internal/readmodel"
+	"github.com/stepready/stepready/internal/store"
 )
 
 // Actions (SPEC §16): task cancel, pause, resume and reset, step retry and resolve, each through the SQL operator
@@ -243,7 +244,7 @@ var stepActions = map[string]action{
 }
 
 func (c *Console) taskAction(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := c.pathID(w, r, "id")
 	if !ok {
 		return
 	}
@@ -259,11 +260,11 @@ func (c *Console) taskAction(w http.ResponseWriter, r *http.Request) {
 }
 
 func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
-	taskID, ok := pathID(w, r, "id")
+	taskID, ok := c.pathID(w, r, "id")
 	if !ok {
 		return
 	}
-	stepID, ok := pathID(w, r, "step")
+	stepID, ok := c.pathID(w, r, "step")
 	if !ok {
 		return
 	}
@@ -297,7 +298,7 @@ func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
 // runAction runs the library's operator action a on id (actor "ui"), and sends the browser back to back with the
 // outcome: a refusal of the database is a message, not an error page.
 func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done string, a action, id int64) {
-	err := a.call(r.Context(), c.pool, id, r)
+	err := store.NameGrantingRoles(r.Context(), c.pool, a.call(r.Context(), c.pool, id, r))
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
@@ -308,6 +309,9 @@ func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done s
 		back = "/" // the task or step is gone: its page would be a 404
 	case errors.As(err, &pgErr) && refusal(pgErr.Code):
 		msg := pgErr.Message
+		if pgErr.Code == "42501" {
+			msg = err.Error() // with the roles that grant it
+		}
 		if pgErr.Detail != "" {
 			msg += " (" + pgErr.Detail + ")"
 		}
@@ -326,12 +330,13 @@ func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done s
 }
 
 // refusal says whether a SQLSTATE is the database saying no to what was asked, whose message the operator should
-// read: an impossible transition (55000), an unknown task or step (P0002), a check (23514), or any data exception
+// read: an impossible transition (55000), an unknown task or step (P0002), a check (23514), a missing privilege
+// (42501, with the roles that grant it: the console's own role may not act), or any data exception
 // (class 22: a bad argument, 22023 and 22P02, or a value PostgreSQL cannot store, such as a resolve output holding
 // \u0000, 22P05, or a number out of range, 22003).
 func refusal(code string) bool {
 	switch code {
-	case "55000", "P0002", "23514":
+	case "55000", "P0002", "23514", "42501":
 		return true
 	}
 	return strings.HasPrefix(code, "22")

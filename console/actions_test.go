@@ -294,7 +294,7 @@ func TestConsoleRoles(t *testing.T) {
 		require.NoError(t, db.Pool.QueryRow(t.Context(), `SELECT paused FROM stepready.tasks WHERE id = $1`, id).Scan(&paused))
 		require.Equal(t, tc.paused, paused, tc.role)
 		if !tc.paused {
-			require.Contains(t, body, "the action failed")
+			require.Contains(t, body, "refused: permission denied for function pause_task: grant one of [stepready_operator] to this role")
 		}
 	}
 }

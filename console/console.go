@@ -96,7 +96,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 		}
 		c.auth = a
 	}
-	for _, page := range []string{"tasks", "task", "step", "templates", "policies", "schedules", "table", "login"} {
+	for _, page := range []string{"tasks", "task", "step", "templates", "policies", "schedules", "table", "login",
+		"error"} {
 		t, err := template.New("layout.html").Funcs(funcs).ParseFS(templateFS, "templates/layout.html",
 			"templates/"+page+".html")
 		if err != nil {
@@ -126,6 +127,7 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 	mux.Handle("GET /static/", http.StripPrefix("/static/", http.FileServerFS(static)))
 	mux.HandleFunc("GET /healthz", c.healthz)
 	mux.HandleFunc("GET /{$}", c.tasksPage)
+	mux.HandleFunc("GET /", c.notFoundPage)
 	mux.HandleFunc("GET /tasks/{id}", c.taskPage)
 	mux.HandleFunc("GET /tasks/{id}/steps/{step}", c.stepPage)
 	mux.HandleFunc("GET /templates", c.templatesPage)

@@ -2,10 +2,10 @@ package console
 
 import (
 	"encoding/json"
+	"fmt"
 	"html/template"
 	"net/http"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/stepready/stepready/internal/readmodel"
@@ -43,6 +43,29 @@ func (c *Console) fail(w http.ResponseWriter, what string, err error) {
 	http.Error(w, "internal error reading "+what, http.StatusInternalServerError)
 }
 
+// errorData is what the error page shows: the message and a way back.
+type errorData struct {
+	Message   string
+	Back      string
+	BackLabel string
+}
+
+// errorPage answers status with a page of the console saying msg, with a link back (to the task when the path
+// names one, else to the task list), instead of a bare text page.
+func (c *Console) errorPage(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	d := errorData{Message: msg, Back: "/", BackLabel: "Tasks"}
+	if id, ok := int64Param(r.PathValue("id")); ok && id != nil && r.PathValue("step") != "" {
+		d.Back, d.BackLabel = fmt.Sprintf("/tasks/%d", *id), fmt.Sprintf("Task %d", *id)
+	}
+	w.WriteHeader(status)
+	c.render(w, r, "error", http.StatusText(status), "", d)
+}
+
+// notFoundPage answers the paths the console does not serve.
+func (c *Console) notFoundPage(w http.ResponseWriter, r *http.Request) {
+	c.errorPage(w, r, http.StatusNotFound, "No page at "+r.URL.Path+".")
+}
+
 // int64Param parses an optional positive int64 query or path value; ok is false on a malformed one.
 func int64Param(s string) (v *int64, ok bool) {
 	if s == "" {
@@ -56,10 +79,10 @@ func int64Param(s string) (v *int64, ok bool) {
 }
 
 // pathID reads path value name as a positive id, answering 404 when it is not one.
-func pathID(w http.ResponseWriter, r *http.Request, name string) (int64, bool) {
+func (c *Console) pathID(w http.ResponseWriter, r *http.Request, name string) (int64, bool) {
 	id, ok := int64Param(r.PathValue(name))
 	if !ok || id == nil {
-		http.NotFound(w, r)
+		c.errorPage(w, r, http.StatusNotFound, fmt.Sprintf("%q is not a %s id.", r.PathValue(name), name))
 		return 0, false
 	}
 	return *id, true
@@ -74,18 +97,8 @@ func deref[T any](p *T) T {
 	return *p
 }
 
-// errorText is "class: message" of a last_error or attempt error document ("" when there is none), as the
-// CLI prints it.
-func errorText(doc json.RawMessage) string {
-	var e struct {
-		Class   string `json:"class"`
-		Message string `json:"message"`
-	}
-	if len(doc) == 0 || json.Unmarshal(doc, &e) != nil || (e.Class == "" && e.Message == "") {
-		return ""
-	}
-	return strings.TrimSuffix(e.Class+": "+strings.Join(strings.Fields(e.Message), " "), ": ")
-}
+// errorText is "class: message" of an error document, as every face prints it (readmodel.ErrorText).
+func errorText(doc json.RawMessage) string { return readmodel.ErrorText(doc) }
 
 // funcs are the templates' helpers.
 var funcs = template.FuncMap{

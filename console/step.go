@@ -20,7 +20,7 @@ type stepData struct {
 // stepPage shows one step: why it is not running (every reason), its input, output, last error, attempts and
 // events, read in one snapshot. The step is named by id or by name (/tasks/12/steps/charge_card).
 func (c *Console) stepPage(w http.ResponseWriter, r *http.Request) {
-	taskID, ok := pathID(w, r, "id")
+	taskID, ok := c.pathID(w, r, "id")
 	if !ok {
 		return
 	}
@@ -29,7 +29,7 @@ func (c *Console) stepPage(w http.ResponseWriter, r *http.Request) {
 	if !ok || stepID == nil {
 		id, err := readmodel.StepID(r.Context(), c.pool, taskID, ref)
 		if errors.Is(err, readmodel.ErrNotFound) {
-			http.Error(w, fmt.Sprintf("task %d has no step %q", taskID, ref), http.StatusNotFound)
+			c.errorPage(w, r, http.StatusNotFound, fmt.Sprintf("Task %d has no step %q.", taskID, ref))
 			return
 		}
 		if err != nil {
@@ -40,14 +40,14 @@ func (c *Console) stepPage(w http.ResponseWriter, r *http.Request) {
 	}
 	detail, err := readmodel.ReadStep(r.Context(), c.pool, taskID, *stepID, nil)
 	if errors.Is(err, readmodel.ErrNotFound) {
-		http.Error(w, fmt.Sprintf("task %d has no step %d", taskID, *stepID), http.StatusNotFound)
+		c.errorPage(w, r, http.StatusNotFound, fmt.Sprintf("Task %d has no step %d.", taskID, *stepID))
 		return
 	}
 	if err != nil {
 		c.fail(w, "step", err)
 		return
 	}
-	d := stepData{StepDetail: detail, Error: errorText(detail.LastError),
+	d := stepData{StepDetail: detail, Error: detail.LastErrorText(),
 		Finished: slices.Contains(terminalStates, detail.State), Act: c.actionsView(r)}
 	c.render(w, r, "step", fmt.Sprintf("Step %s of task %d", detail.Name, taskID), "tasks", d)
 }

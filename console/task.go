@@ -33,19 +33,19 @@ type taskData struct {
 // taskPage shows a task: its DAG, its steps with the reason each is not running, its attempt timeline and a page
 // of its events, all read in one snapshot.
 func (c *Console) taskPage(w http.ResponseWriter, r *http.Request) {
-	id, ok := pathID(w, r, "id")
+	id, ok := c.pathID(w, r, "id")
 	if !ok {
 		return
 	}
 	before, ok := int64Param(r.URL.Query().Get("before"))
 	if !ok {
-		http.Error(w, "before: want a positive event id", http.StatusBadRequest)
+		c.errorPage(w, r, http.StatusBadRequest, "before: want a positive event id.")
 		return
 	}
 	detail, err := readmodel.ReadTask(r.Context(), c.pool, id, readmodel.TaskOptions{Attempts: true, Events: true,
 		EventsBefore: deref(before), EventsLimit: pageSize})
 	if errors.Is(err, readmodel.ErrNotFound) {
-		http.Error(w, fmt.Sprintf("task %d does not exist", id), http.StatusNotFound)
+		c.errorPage(w, r, http.StatusNotFound, fmt.Sprintf("Task %d does not exist.", id))
 		return
 	}
 	if err != nil {
@@ -59,7 +59,7 @@ func (c *Console) taskPage(w http.ResponseWriter, r *http.Request) {
 	nodes := make([]dagNode, len(detail.StepList))
 	for i, s := range detail.StepList {
 		nodes[i] = dagNode{ID: s.ID, Name: s.Name, State: s.State, Attempts: s.Attempts, Max: deref(s.MaxAttempts)}
-		v := stepView{Step: s, Error: errorText(s.LastError)}
+		v := stepView{Step: s, Error: s.LastErrorText()}
 		if !s.Ready && !slices.Contains(terminalStates, s.State) {
 			v.WhyNot = s.Why
 		}

@@ -25,7 +25,7 @@ type tasksData struct {
 // tasksPage lists tasks, newest first, with the filters and the counts per status.
 func (c *Console) tasksPage(w http.ResponseWriter, r *http.Request) {
 	qv := r.URL.Query()
-	d := tasksData{Statuses: readmodel.TaskStatuses, Status: qv.Get("status"), Name: qv.Get("name"),
+	d := tasksData{Statuses: readmodel.TaskFilterStatuses, Status: qv.Get("status"), Name: qv.Get("name"),
 		Namespace: qv.Get("namespace"), ID: strings.TrimSpace(qv.Get("id"))}
 	if d.ID != "" {
 		if id, ok := int64Param(d.ID); ok && id != nil {
@@ -36,7 +36,7 @@ func (c *Console) tasksPage(w http.ResponseWriter, r *http.Request) {
 	}
 	after, ok := int64Param(qv.Get("after"))
 	if !ok {
-		http.Error(w, "after: want a positive task id", http.StatusBadRequest)
+		c.errorPage(w, r, http.StatusBadRequest, "after: want a positive task id.")
 		return
 	}
 	ctx := r.Context()

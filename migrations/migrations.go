@@ -548,6 +548,10 @@ func applySQL(ctx context.Context, databaseURL string, logger *slog.Logger) erro
 	if err != nil {
 		return fmt.Errorf("functions and triggers: %w", err)
 	}
+	digest, err := stepreadysql.Digest()
+	if err != nil {
+		return fmt.Errorf("functions and triggers: %w", err)
+	}
 
 	conn, err := pgx.Connect(ctx, databaseURL)
 	if err != nil {
@@ -564,6 +568,10 @@ func applySQL(ctx context.Context, databaseURL string, logger *slog.Logger) erro
 			if _, err := tx.Exec(ctx, file.Contents); err != nil {
 				return fmt.Errorf("sql/%s%s: %w", file.Name, errorLine(file.Contents, err), err)
 			}
+		}
+		// Which build's functions these are: Check compares it with the running binary's.
+		if _, err := tx.Exec(ctx, "COMMENT ON SCHEMA stepready IS "+quoteLiteral(digestComment+digest)); err != nil {
+			return fmt.Errorf("functions and triggers: record their digest: %w", err)
 		}
 		return nil
 	})

@@ -194,3 +194,34 @@ func previousVersion(t *testing.T, latest uint) uint {
 	}
 	return prev
 }
+
+// Check names what is wrong with the database's schema, as the daemon and the commands show it.
+func TestCheckComparesTheSchemaWithTheBinary(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	empty := pgtest.NewEmpty(t)
+	require.ErrorIs(t, migrations.Check(ctx, empty.Pool), migrations.ErrNotMigrated)
+
+	db := pgtest.New(t)
+	require.NoError(t, migrations.Check(ctx, db.Pool))
+	table := "public." + migrations.MigrationsTable
+	for _, tc := range []struct {
+		sql  string
+		kind error
+		want string
+	}{
+		{`UPDATE ` + table + ` SET version = version - 1`, migrations.ErrSchemaOlder, "is older than this binary"},
+		{`UPDATE ` + table + ` SET version = version + 1`, migrations.ErrSchemaNewer, "is newer than this binary"},
+		{`UPDATE ` + table + ` SET dirty = true`, migrations.ErrSchemaDirty, "is dirty"},
+		{`COMMENT ON SCHEMA stepready IS NULL`, migrations.ErrSchemaOlder, "functions of another build"},
+	} {
+		tx, err := db.Pool.Begin(ctx)
+		require.NoError(t, err)
+		_, err = tx.Exec(ctx, tc.sql)
+		require.NoError(t, err)
+		err = migrations.Check(ctx, tx)
+		require.ErrorIs(t, err, tc.kind, tc.sql)
+		require.ErrorContains(t, err, tc.want)
+		require.NoError(t, tx.Rollback(ctx))
+	}
+}

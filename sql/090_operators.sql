@@ -215,9 +215,12 @@ BEGIN
     IF t.status = 'cancelled' THEN
         PERFORM stepready._refuse(format('cannot retry step %s ("%s"): task %s is cancelled', s.id, s.name, t.id));
     END IF;
-    -- "Now" is after an earlier attempt that may still run has ended (an orphaned lease: _orphan_hold).
+    -- "Now" is after an earlier attempt that may still run has ended (an orphaned lease: _orphan_hold), and, for
+    -- a first attempt, not before the task's run_at (SPEC §15: no step of the task starts before it).
     IF s.state IN ('pending', 'waiting_for_retry') THEN
-        UPDATE stepready.steps SET next_attempt_at = stepready._orphan_hold(lease_expires_at, p_as_of)
+        UPDATE stepready.steps
+           SET next_attempt_at = GREATEST(stepready._orphan_hold(lease_expires_at, p_as_of),
+                                          CASE WHEN attempts = 0 AND t.run_at > p_as_of THEN t.run_at END)
          WHERE id = s.id RETURNING * INTO n;
     ELSIF s.state = 'error' THEN
         UPDATE stepready.steps
@@ -295,8 +298,12 @@ BEGIN
     FOR s IN SELECT * FROM stepready.steps WHERE task_id = t.id AND state IN ('error', 'skipped', 'cancelled')
               ORDER BY id FOR UPDATE
     LOOP
+        -- Back to its first attempt: not before the task's run_at (SPEC §15), nor before an earlier attempt that
+        -- may still run has ended.
         UPDATE stepready.steps
-           SET state = 'pending', attempts = 0, next_attempt_at = stepready._orphan_hold(lease_expires_at, p_as_of),
+           SET state = 'pending', attempts = 0,
+               next_attempt_at = GREATEST(stepready._orphan_hold(lease_expires_at, p_as_of),
+                                          CASE WHEN t.run_at > p_as_of THEN t.run_at END),
                breaker_fingerprint = NULL, breaker_count = 0
          WHERE id = s.id;
         PERFORM stepready._log(s, 'operator.reset', s.state, 'pending', stepready._operator_details('{}'), p_as_of);

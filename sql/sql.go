@@ -9,7 +9,9 @@
 package sql
 
 import (
+	"crypto/sha256"
 	"embed"
+	"encoding/hex"
 	"fmt"
 	"io/fs"
 	"slices"
@@ -55,4 +57,19 @@ func Files() ([]File, error) {
 
 	slices.SortFunc(files, func(a, b File) int { return strings.Compare(a.Name, b.Name) })
 	return files, nil
+}
+
+// Digest identifies this build's functions and triggers: a hash of every file's name and contents, in order.
+// migrations.Up records it on the stepready schema, so a binary can tell whether the database's functions are its
+// own (migrations.Check).
+func Digest() (string, error) {
+	files, err := Files()
+	if err != nil {
+		return "", err
+	}
+	h := sha256.New()
+	for _, f := range files {
+		fmt.Fprintf(h, "%s\x00%d\x00%s", f.Name, len(f.Contents), f.Contents)
+	}
+	return hex.EncodeToString(h.Sum(nil))[:16], nil
 }

@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stepready/stepready/internal/store"
+	"github.com/stepready/stepready/migrations"
 )
 
 // The operator commands (explain, task, step, template, policy) share this plumbing: a database URL, an output
@@ -92,7 +93,32 @@ func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format 
 		return err
 	}
 	defer func() { _ = conn.Close(context.WithoutCancel(ctx)) }()
-	return dbError(f(conn, format))
+	if err := checkSchema(ctx, conn); err != nil {
+		return err
+	}
+	// A permission error names the roles that grant what was refused (read after f's transaction ended).
+	return dbError(store.NameGrantingRoles(ctx, conn, f(conn, format)))
+}
+
+// checkSchema refuses (exit 2) a database whose stepready schema is not this binary's: never migrated, older,
+// newer, or dirty (migrations.Check), saying what to do.
+func checkSchema(ctx context.Context, q migrations.Querier) error {
+	err := migrations.Check(ctx, q)
+	if isSchemaMismatch(err) {
+		return usageError{err}
+	}
+	return err
+}
+
+// isSchemaMismatch reports whether err is one of migrations.Check's findings (not a failure to read).
+func isSchemaMismatch(err error) bool {
+	for _, kind := range []error{migrations.ErrNotMigrated, migrations.ErrSchemaOlder, migrations.ErrSchemaNewer,
+		migrations.ErrSchemaDirty} {
+		if errors.Is(err, kind) {
+			return true
+		}
+	}
+	return false
 }
 
 // dbNow returns --as-of, or the database's current time when it is not set. Every time printed is relative to
@@ -184,7 +210,8 @@ func relative(t, now time.Time) string {
 	return "now"
 }
 
-// shortDuration prints d like the SQL explain messages do: "0.9s", "1m05s", "2h03m".
+// shortDuration prints d like the SQL explain messages do: "0.9s", "1m05s", "2h03m"; from two days on, days and
+// hours ("1132d11h"), not thousands of hours.
 func shortDuration(d time.Duration) string {
 	ms := d.Milliseconds()
 	switch {
@@ -192,8 +219,10 @@ func shortDuration(d time.Duration) string {
 		return fmt.Sprintf("%.1fs", float64(ms)/1000)
 	case ms < 3_600_000:
 		return fmt.Sprintf("%dm%02ds", ms/60_000, ms%60_000/1000)
+	case ms < 48*3_600_000:
+		return fmt.Sprintf("%dh%02dm", ms/3_600_000, ms%3_600_000/60_000)
 	}
-	return fmt.Sprintf("%dh%02dm", ms/3_600_000, ms%3_600_000/60_000)
+	return fmt.Sprintf("%dd%02dh", ms/86_400_000, ms%86_400_000/3_600_000)
 }
 
 // orDash prints an optional value, or "-".

@@ -85,7 +85,8 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 	fs.IntVar(&d.maxOutputBytes, "max-output-bytes", steps.MaxOutputBytesDefault,
 		"the largest output (as JSON) an attempt may record; a larger one fails it as contract_failure")
 	fs.StringVar(&d.sqlDatabaseURL, "sql-database-url", "",
-		"database URL the sql handler runs step SQL on, with a pool of its own (pool_max_conns in the URL, default 4);\n"+
+		"database URL the sql handler runs step SQL on, with a pool of its own (pool_max_conns in the URL; default pgx's:\n"+
+			"the larger of 4 and the number of CPUs);\n"+
 			"without it sql steps fail permanent: step SQL never runs on the scheduler's connection")
 	fs.BoolVar(&d.httpDenyPrivate, "http-deny-private", false,
 		"the http handler also refuses loopback and private addresses (link-local, cloud metadata, always)")

@@ -87,9 +87,13 @@ func newMigrateCommand(opts *globalOptions) *cobra.Command {
 			out := cmd.OutOrStdout()
 			fmt.Fprintf(out, "stepready schema: version %d of %d%s\n", state.Version, state.Latest, dirty)
 			fmt.Fprintf(out, "river schema:     version %d of %d\n", state.RiverVersion, state.RiverLatest)
-			if state.UpToDate() {
+			switch {
+			case state.Dirty:
+				// Up refuses a dirty schema: repair, force, then up (upgrades.md).
+				fmt.Fprintln(out, "dirty: repair the database, then `scheduler migrate force VERSION`, then `scheduler migrate up`")
+			case state.UpToDate():
 				fmt.Fprintln(out, "up to date")
-			} else {
+			default:
 				fmt.Fprintln(out, "pending: run `scheduler migrate up`")
 			}
 			return nil

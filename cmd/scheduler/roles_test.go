@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -44,4 +45,14 @@ func TestOperatorCommandsAsOperatorRole(t *testing.T) {
 
 	_, err = run("task", "create", "etl")
 	require.ErrorContains(t, err, "permission denied", "an operator does not create tasks")
+}
+
+// A permission refusal names the roles that grant what was refused: a reader may not cancel.
+func TestPermissionRefusalsNameTheRole(t *testing.T) {
+	t.Parallel()
+	b := cliSetup(t)
+	task := b.createTask(`{"name": "t", "steps": [{"name": "s", "handler": "noop"}]}`)
+	reader := b.db.LoginRole(t, "stepready_reader")
+	_, _, err := executeIsolated(context.Background(), t, "task", "cancel", fmt.Sprint(task), "--database-url", reader)
+	require.ErrorContains(t, err, "permission denied for function cancel_task: grant one of [stepready_operator] to this role")
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/migrations"
 )
 
 // runParams are the resolved flags of `scheduler run`.
@@ -132,6 +133,10 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 		}
 		return err
 	}
+	if err := checkSchema(ctx, pool); err != nil {
+		_ = stopUI()
+		return err
+	}
 	if ui != nil {
 		if err := ui.attach(pool, copts); err != nil {
 			_ = stopUI()
@@ -153,8 +158,10 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 	health.setStatus(healthRunning)
 	logger.Info("scheduler: running; SIGINT or SIGTERM stops it", slog.String("dispatch", client.Config().Dispatch),
 		slog.String("worker", client.Config().WorkerID))
+	waitWatch := watchSchema(ctx, pool, health, logger, schemaWatchInterval)
 
 	<-ctx.Done()
+	waitWatch()
 	health.setStatus(healthStopping)
 	if err := stopUI(); err != nil {
 		logger.Warn("scheduler: console stop", slog.Any("error", err))
@@ -182,11 +189,53 @@ const (
 // (waiting for the database, starting, stopping) before and after. Its methods are safe on a nil *healthServer
 // (no --metrics-addr).
 type healthServer struct {
+	ln     net.Listener
 	srv    *http.Server
 	status atomic.Pointer[string]
 	served chan struct{}
 	logger *slog.Logger
 }
+
+// schemaWatchInterval is how often a running daemon checks that the database's schema is still its own (a
+// `migrate up` of another version while it runs): /healthz answers 503 while it is not.
+const schemaWatchInterval = 30 * time.Second
+
+// watchSchema checks the schema every interval until ctx ends: a mismatch turns /healthz to 503 with what to do
+// (and logs it once); a match turns it back to 200. Read failures are left to the pools. The returned function
+// waits for the watch to end (after ctx ended).
+func watchSchema(ctx context.Context, pool migrations.Querier, health *healthServer, logger *slog.Logger,
+	interval time.Duration) (wait func()) {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		reported := ""
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			err := migrations.Check(ctx, pool)
+			switch {
+			case isSchemaMismatch(err):
+				health.setStatus(err.Error())
+				if reported != err.Error() {
+					logger.Error("scheduler: the database's schema changed under this daemon", slog.Any("error", err))
+					reported = err.Error()
+				}
+			case err == nil && reported != "":
+				health.setStatus(healthRunning)
+				reported = ""
+			}
+		}
+	}()
+	return func() { <-done }
+}
+
+// addr is the address the server listens on.
+func (h *healthServer) addr() string { return h.ln.Addr().String() }
 
 // healthShutdownTimeout bounds the wait for in-flight scrapes when the server closes.
 const healthShutdownTimeout = 5 * time.Second
@@ -197,7 +246,7 @@ func startHealthServer(addr string, registry *prometheus.Registry, logger *slog.
 	if err != nil {
 		return nil, fmt.Errorf("--metrics-addr %s: %w", addr, err)
 	}
-	h := &healthServer{served: make(chan struct{}), logger: logger}
+	h := &healthServer{served: make(chan struct{}), logger: logger, ln: ln}
 	h.setStatus(waitingForDatabase)
 	mux := http.NewServeMux()
 	mux.Handle("GET /metrics", promhttp.HandlerFor(registry, promhttp.HandlerOpts{Registry: registry}))

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -20,8 +19,8 @@ import (
 // terminalStates are the step states no attempt follows (SPEC §5).
 var terminalStates = []string{"complete", "error", "skipped", "cancelled", "resolved_manually"}
 
-// taskStatuses are the values of tasks.status (SPEC §2), the choices of --status.
-var taskStatuses = readmodel.TaskStatuses
+// taskStatuses are the choices of --status: the values of tasks.status (SPEC §2), and paused.
+var taskStatuses = readmodel.TaskFilterStatuses
 
 func newTaskListCommand(o *dbOptions) *cobra.Command {
 	var (
@@ -196,12 +195,11 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 		if len(s.Parents) > 1 {
 			name += " (after " + termSafe(strings.Join(s.Parents, ", ")) + ")"
 		}
+		// Only a wait still to come is a next attempt (a past next_attempt_at is no wait: the step is ready, or
+		// waits for something else, said in READY).
 		next := "-"
-		if s.NextAttemptAt != nil && (s.State == "pending" || s.State == "waiting_for_retry") {
+		if s.NextAttemptAt != nil && s.NextAttemptAt.After(t.AsOf) && (s.State == "pending" || s.State == "waiting_for_retry") {
 			next = relative(*s.NextAttemptAt, t.AsOf)
-			if !s.NextAttemptAt.After(t.AsOf) {
-				next = "due"
-			}
 		}
 		ready := "yes"
 		switch {
@@ -214,25 +212,22 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 			}
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\n", name, s.ID, s.State, s.Attempts, orDash(s.MaxAttempts),
-			next, ready, lastError(s.LastError))
+			next, ready, lastError(s.Step))
 	}
 	_ = tw.Flush()
 }
 
-// lastError prints "class: message" of a last_error document, or "-".
-func lastError(doc json.RawMessage) string {
-	var e struct {
-		Class   string `json:"class"`
-		Message string `json:"message"`
-	}
-	if len(doc) == 0 || json.Unmarshal(doc, &e) != nil || (e.Class == "" && e.Message == "") {
+// lastError prints the step's last error as every face does (readmodel.Step.LastErrorText), shortened for a
+// table, or "-".
+func lastError(s readmodel.Step) string {
+	msg := s.LastErrorText()
+	if msg == "" {
 		return "-"
 	}
-	msg := strings.Join(strings.Fields(e.Message), " ")
 	if len(msg) > 80 {
 		msg = strings.ToValidUTF8(msg[:77], "") + "..."
 	}
-	return termSafe(strings.TrimSuffix(e.Class+": "+msg, ": "))
+	return termSafe(msg)
 }
 
 func newTaskEventsCommand(o *dbOptions) *cobra.Command {

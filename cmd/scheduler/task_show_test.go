@@ -86,3 +86,16 @@ func TestTaskListShowEvents(t *testing.T) {
 	_, _, err = b.run("task", "list", "--limit", "0")
 	require.Equal(t, 2, exitCode(err))
 }
+
+func TestShortDurationInDaysFromTwoDays(t *testing.T) {
+	t.Parallel()
+	for d, want := range map[time.Duration]string{
+		900 * time.Millisecond:           "0.9s",
+		65 * time.Second:                 "1m05s",
+		47*time.Hour + 59*time.Minute:    "47h59m",
+		48 * time.Hour:                   "2d00h",
+		27179*time.Hour + 28*time.Minute: "1132d11h",
+	} {
+		require.Equal(t, want, shortDuration(d), d)
+	}
+}

@@ -89,6 +89,10 @@ func newUICommand(opts *globalOptions) *cobra.Command {
 				}
 				return err
 			}
+			if err := checkSchema(ctx, pool); err != nil {
+				_ = srv.stop()
+				return err
+			}
 			if err := srv.attach(pool, copts); err != nil {
 				_ = srv.stop()
 				return err

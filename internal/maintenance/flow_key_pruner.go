@@ -5,10 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/stepready/stepready/internal/store"
 )
@@ -52,25 +49,12 @@ func (p *FlowKeyPruner) every() time.Duration { return p.cfg.Interval }
 
 func (p *FlowKeyPruner) round(ctx context.Context) (time.Duration, error) {
 	n, err := p.RunOnce(ctx)
-	if n > 0 {
-		p.env.Logger.Info("maintenance: flow key pruner: pruned idle flow keys", slog.Int("keys", n))
-	}
-	return 0, err
+	return logRound(p.env.Logger, p.name(), "pruned idle flow keys", n, err)
 }
 
 // RunOnce runs one round if this instance wins its election: batches until one comes back short. It returns
 // how many keys' rows it deleted.
 func (p *FlowKeyPruner) RunOnce(ctx context.Context) (int, error) {
-	var n int
-	_, err := elect(ctx, p.env.Pool, lockFlowKeyPruner, func(ctx context.Context, _ pgx.Tx) error {
-		var err error
-		n, err = drain(ctx, p.cfg.Batch, p.cfg.Timeout, func(ctx context.Context, limit int) (int, error) {
-			return store.PruneFlowState(ctx, p.env.Pool, limit)
-		})
-		return err
-	})
-	if err != nil {
-		return n, fmt.Errorf("maintenance: flow key pruner: %w", err)
-	}
-	return n, nil
+	return electedDrain(ctx, p.env, lockFlowKeyPruner, p.name(), p.cfg.Batch, p.cfg.Timeout,
+		func(ctx context.Context, limit int) (int, error) { return store.PruneFlowState(ctx, p.env.Pool, limit) })
 }

@@ -5,10 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/stepready/stepready/internal/store"
 )
@@ -54,27 +51,16 @@ func (r *LeaseReaper) every() time.Duration { return r.cfg.Interval }
 
 func (r *LeaseReaper) round(ctx context.Context) (time.Duration, error) {
 	n, err := r.RunOnce(ctx)
-	if n > 0 {
-		r.env.Logger.Info("maintenance: lease reaper: reaped expired leases", slog.Int("steps", n))
-	}
-	return 0, err
+	return logRound(r.env.Logger, r.name(), "reaped expired leases", n, err)
 }
 
 // RunOnce runs one round if this instance wins its election: batches until one comes back short. It returns
 // how many steps were reaped (0 when another instance holds the round).
 func (r *LeaseReaper) RunOnce(ctx context.Context) (int, error) {
-	var n int
-	_, err := elect(ctx, r.env.Pool, lockLeaseReaper, func(ctx context.Context, _ pgx.Tx) error {
-		var err error
-		n, err = drain(ctx, r.cfg.Batch, r.cfg.Timeout, func(ctx context.Context, limit int) (int, error) {
+	return electedDrain(ctx, r.env, lockLeaseReaper, r.name(), r.cfg.Batch, r.cfg.Timeout,
+		func(ctx context.Context, limit int) (int, error) {
 			k, err := store.ReapExpiredLeases(ctx, r.env.Pool, limit)
 			r.env.Metrics.Reaped(k)
 			return k, err
 		})
-		return err
-	})
-	if err != nil {
-		return n, fmt.Errorf("maintenance: lease reaper: %w", err)
-	}
-	return n, nil
 }

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepready/stepready/internal/metrics"
@@ -116,6 +117,30 @@ func drain(ctx context.Context, limit int, timeout time.Duration,
 		case <-time.After(pauseMin + rand.N(pauseMax-pauseMin)):
 		}
 	}
+}
+
+// electedDrain runs one round of a batch service if this instance wins the election of key: batches of
+// batchSize under timeout until one comes back short (drain). It returns the rows handled; name prefixes errors.
+func electedDrain(ctx context.Context, env Env, key int64, name string, batchSize int, timeout time.Duration,
+	batch func(ctx context.Context, limit int) (int, error)) (int, error) {
+	var n int
+	_, err := elect(ctx, env.Pool, key, func(ctx context.Context, _ pgx.Tx) error {
+		var err error
+		n, err = drain(ctx, batchSize, timeout, batch)
+		return err
+	})
+	if err != nil {
+		return n, fmt.Errorf("maintenance: %s: %w", name, err)
+	}
+	return n, nil
+}
+
+// logRound logs what a round of a batch service did, when it did something.
+func logRound(log *slog.Logger, name, what string, n int, err error) (time.Duration, error) {
+	if n > 0 {
+		log.Info("maintenance: "+name+": "+what, slog.Int("rows", n))
+	}
+	return 0, err
 }
 
 // checkInterval validates an Interval: Off, or positive.

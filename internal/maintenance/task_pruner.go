@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -75,10 +74,7 @@ func (p *TaskPruner) every() time.Duration { return p.cfg.Interval }
 
 func (p *TaskPruner) round(ctx context.Context) (time.Duration, error) {
 	n, err := p.RunOnce(ctx)
-	if n > 0 {
-		p.env.Logger.Info("maintenance: task pruner: pruned finished tasks", slog.Int("tasks", n))
-	}
-	return 0, err
+	return logRound(p.env.Logger, p.name(), "pruned finished tasks", n, err)
 }
 
 // RunOnce runs one round if this instance wins its election: for each retention that is not KeepForever,

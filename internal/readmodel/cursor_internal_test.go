@@ -35,3 +35,15 @@ func TestCursorFindsLateEventsAndGivesUpOnGaps(t *testing.T) {
 	require.Equal(t, int64(16), c.floor, "gave up on 14 and 15")
 	require.Empty(t, c.seen)
 }
+
+// Every face shows a step's last error as "class: message", and none once the step has succeeded.
+func TestLastErrorText(t *testing.T) {
+	t.Parallel()
+	doc := []byte(`{"class": "permanent", "message": "card\n  declined", "attempt": 2}`)
+	require.Equal(t, "permanent: card declined", Step{State: "error", LastError: doc}.LastErrorText())
+	require.Equal(t, "permanent: card declined", Step{State: "waiting_for_retry", LastError: doc}.LastErrorText())
+	require.Empty(t, Step{State: "complete", LastError: doc}.LastErrorText(), "an old error of a step that then succeeded")
+	require.Empty(t, Step{State: "resolved_manually", LastError: doc}.LastErrorText())
+	require.Empty(t, Step{State: "error"}.LastErrorText())
+	require.Equal(t, "transient", ErrorText([]byte(`{"class": "transient"}`)))
+}

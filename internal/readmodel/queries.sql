@@ -10,11 +10,12 @@
 SELECT now();
 
 -- name: tasks
--- ListTasks: a page of tasks, newest first, keyset-paginated on id (no OFFSET): $1 status, $2 name, $3 namespace
--- (NULL = any), $4 the last id of the previous page (NULL = first page), $5 the page size.
+-- ListTasks: a page of tasks, newest first, keyset-paginated on id (no OFFSET): $1 status, or 'paused' for the
+-- paused tasks, $2 name, $3 namespace (NULL = any), $4 the last id of the previous page (NULL = first page), $5 the
+-- page size.
 SELECT t.id, t.name, t.namespace, t.status, t.paused, t.steps_total, t.steps_unsatisfied, t.created_at, t.updated_at
   FROM stepready.tasks t
- WHERE ($1::text IS NULL OR t.status = $1)
+ WHERE ($1::text IS NULL OR t.status = $1 OR ($1 = 'paused' AND t.paused))
    AND ($2::text IS NULL OR t.name = $2)
    AND ($3::text IS NULL OR t.namespace = $3)
    AND ($4::bigint IS NULL OR t.id < $4)

@@ -241,6 +241,11 @@ func TestListAndCountTasks(t *testing.T) {
 	xs, err := readmodel.ListTasks(ctx, db.Pool, readmodel.TaskFilter{Limit: 10, Name: "x", Status: "pending"})
 	require.NoError(t, err)
 	require.Len(t, xs, 2)
+	exec(t, db, `SELECT stepready.pause_task($1)`, xs[0].ID)
+	paused, err := readmodel.ListTasks(ctx, db.Pool, readmodel.TaskFilter{Limit: 10, Status: "paused"})
+	require.NoError(t, err)
+	require.Len(t, paused, 1, "paused is a filter of its own")
+	require.Equal(t, xs[0].ID, paused[0].ID)
 	_, err = readmodel.ListTasks(ctx, db.Pool, readmodel.TaskFilter{})
 	require.ErrorContains(t, err, "limit 0")
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -43,6 +44,29 @@ type Step struct {
 	LastError json.RawMessage `json:"last_error"`
 	// Parents are the names of the step's parents, in id order.
 	Parents []string `json:"parents"`
+}
+
+// LastErrorText is the step's last error as "class: message" (whitespace runs collapsed), or "" when it has none or
+// has since succeeded (complete, resolved by hand: the error belongs to an attempt that no longer matters). Every
+// face shows this in its step tables; the whole document stays in LastError.
+func (s Step) LastErrorText() string {
+	if s.State == "complete" || s.State == "resolved_manually" {
+		return ""
+	}
+	return ErrorText(s.LastError)
+}
+
+// ErrorText is "class: message" of an error document (a last_error, an attempt's failure), "" when it has
+// neither.
+func ErrorText(doc json.RawMessage) string {
+	var e struct {
+		Class   string `json:"class"`
+		Message string `json:"message"`
+	}
+	if len(doc) == 0 || json.Unmarshal(doc, &e) != nil || (e.Class == "" && e.Message == "") {
+		return ""
+	}
+	return strings.TrimSuffix(e.Class+": "+strings.Join(strings.Fields(e.Message), " "), ": ")
 }
 
 func scanStep(row pgx.Row, s *Step) error {

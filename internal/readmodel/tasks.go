@@ -3,6 +3,7 @@ package readmodel
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -10,6 +11,10 @@ import (
 
 // TaskStatuses are the values of tasks.status (SPEC §2), in the order filters offer them.
 var TaskStatuses = []string{"pending", "in_progress", "complete", "error", "cancelled"}
+
+// TaskFilterStatuses are what TaskFilter.Status takes: a status, or "paused" for the paused tasks (pause is a
+// flag beside the status, and lists show it as one).
+var TaskFilterStatuses = append(slices.Clone(TaskStatuses), "paused")
 
 // TaskSummary is one task in a list.
 type TaskSummary struct {
@@ -32,6 +37,7 @@ func scanTaskSummary(row pgx.Row, t *TaskSummary) error {
 
 // TaskFilter selects tasks: empty fields match any value.
 type TaskFilter struct {
+	// Status is one of TaskFilterStatuses ("paused": the paused tasks, whatever their status).
 	Status    string
 	Name      string
 	Namespace string

@@ -5,9 +5,12 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The operator functions of SPEC §9, and the rows their callers show before and after. Each call runs in the
@@ -131,3 +134,54 @@ func CheckExecute(ctx context.Context, db DBTX, fn string) error {
 	}
 	return nil
 }
+
+// deniedObject finds the object PostgreSQL named in a permission error ("permission denied for function
+// cancel_task"). The message is read only to name the object back to the user; the error is matched by SQLSTATE.
+var deniedObject = regexp.MustCompile(`permission denied for (function|procedure|table|relation|sequence|schema) "?([\w.]+)"?`)
+
+// NameGrantingRoles adds to a permission error (SQLSTATE 42501) of a stepready object the stepready roles that
+// grant it ("… cancel_task: grant one of [stepready_operator] to this role"), read with db (not the failed
+// transaction). Any other error, or one whose object it cannot find, is returned as it is.
+func NameGrantingRoles(ctx context.Context, db DBTX, err error) error {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) || pgErr.Code != "42501" {
+		return err
+	}
+	m := deniedObject.FindStringSubmatch(pgErr.Message)
+	if m == nil {
+		return err
+	}
+	kind, name := m[1], m[2]
+	if i := strings.LastIndexByte(name, '.'); i >= 0 {
+		name = name[i+1:]
+	}
+	var roles []string
+	var q string
+	switch kind {
+	case "function", "procedure":
+		q = `SELECT ARRAY(SELECT DISTINCT r.rolname FROM pg_catalog.pg_roles r, pg_catalog.pg_proc p
+			WHERE p.pronamespace = 'stepready'::regnamespace AND p.proname = $1
+			  AND r.rolname IN ('stepready_client', 'stepready_worker', 'stepready_operator', 'stepready_reader')
+			  AND has_function_privilege(r.oid, p.oid, 'EXECUTE') ORDER BY 1)`
+	case "table", "relation":
+		q = `SELECT ARRAY(SELECT DISTINCT r.rolname FROM pg_catalog.pg_roles r, pg_catalog.pg_class c
+			WHERE c.relnamespace = 'stepready'::regnamespace AND c.relname = $1
+			  AND r.rolname IN ('stepready_client', 'stepready_worker', 'stepready_operator', 'stepready_reader')
+			  AND has_table_privilege(r.oid, c.oid, 'SELECT, INSERT, UPDATE, DELETE') ORDER BY 1)`
+	default:
+		return err
+	}
+	if qerr := db.QueryRow(ctx, q, name).Scan(&roles); qerr != nil || len(roles) == 0 {
+		return err
+	}
+	return &deniedError{err: err, msg: fmt.Sprintf("%s: grant one of %v to this role", pgErr.Message, roles)}
+}
+
+// deniedError is a permission error with the roles that grant what was denied.
+type deniedError struct {
+	err error
+	msg string
+}
+
+func (e *deniedError) Error() string { return e.msg }
+func (e *deniedError) Unwrap() error { return e.err }

@@ -109,6 +109,10 @@ BEGIN
         -- Everyone reads: the task tables (a client reads its tasks; the schema has no tenants), the presets,
         -- the templates, the schedules.
         EXECUTE format('GRANT SELECT ON ALL TABLES IN SCHEMA stepready TO %I', v_role);
+        -- The schema version, which every command and daemon compares with its own at start (migrations.Check).
+        IF to_regclass('public.stepready_schema_migrations') IS NOT NULL THEN
+            EXECUTE format('GRANT SELECT ON public.stepready_schema_migrations TO %I', v_role);
+        END IF;
         -- Internal helpers: executable by every role (see above).
         FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_catalog.pg_proc p
                   WHERE p.pronamespace = 'stepready'::regnamespace AND p.proname LIKE '\_%'
