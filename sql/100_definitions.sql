@@ -422,9 +422,11 @@ BEGIN
     -- and say what is wrong.
     SELECT bool_and(COALESCE(k.ok, false)) INTO v_plain
       FROM jsonb_array_elements(p_definitions) AS e(d)
+     -- The definition's text once: its size, and whether it holds `${` anywhere (references in an input, SPEC §18:
+     -- such a definition takes the full checks).
+     CROSS JOIN LATERAL (SELECT e.d::text AS txt OFFSET 0) dt
      CROSS JOIN LATERAL (
-            -- A definition with `${` anywhere takes the full checks (references in an input: SPEC §18).
-            SELECT octet_length(e.d::text) <= v_max AND strpos(e.d::text, '${') = 0 AND stepready._plain_definition(e.d)
+            SELECT octet_length(dt.txt) <= v_max AND strpos(dt.txt, '${') = 0 AND stepready._plain_definition(e.d)
                    AND stepready._definition_head_problem(e.d) IS NULL
                    AND stepready._definition_steps_problem(e.d) IS NULL AS ok,
                    CASE WHEN jsonb_typeof(e.d -> 'steps') = 'array' THEN e.d -> 'steps' END AS steps
