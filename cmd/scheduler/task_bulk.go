@@ -76,26 +76,15 @@ func createBulk(ctx context.Context, conn *pgx.Conn, template string, contexts j
 			}
 			runAt = &t
 		}
-		rows, err := tx.Query(ctx, `SELECT ordinal, task_id, created FROM stepready.create_tasks_from_template($1, $2)`,
-			template, string(contexts))
+		rows, err := tx.Query(ctx,
+			`SELECT ordinal, task_id, created FROM stepready.create_tasks_from_template($1, $2, NULL, $3)`,
+			template, string(contexts), runAt)
 		if err != nil {
 			return err
 		}
 		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[bulkCreated])
 		if err != nil {
 			return err
-		}
-		if runAt != nil {
-			// A template carries no start time of its own: set it on the tasks created here before they commit.
-			var ids []int64
-			for _, c := range out {
-				if c.Created {
-					ids = append(ids, c.TaskID)
-				}
-			}
-			if _, err := tx.Exec(ctx, `UPDATE stepready.tasks SET run_at = $2 WHERE id = ANY ($1)`, ids, *runAt); err != nil {
-				return err
-			}
 		}
 		return nil
 	})
