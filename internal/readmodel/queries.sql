@@ -135,9 +135,18 @@ SELECT ev.step_id,
  ORDER BY started, ev.step_id;
 
 -- name: step
--- ReadStep: what the step page shows beyond its row in steps: its task, input, output, iteration.
-SELECT s.task_id, s.input, s.output, s.iteration, s.max_iterations, s.timeout_ms, s.priority, s.retry_policy
-  FROM stepready.steps s WHERE s.task_id = $1 AND s.id = $2;
+-- ReadStep: what the step page shows beyond its row in steps: its task, input, output, iteration; its deps and
+-- its input resolved against them now (SPEC §18: the functions the start uses, sql/019_dataflow.sql), or why it
+-- does not resolve yet.
+SELECT s.task_id, s.input, s.output, s.iteration, s.max_iterations, s.timeout_ms, s.priority, s.retry_policy,
+       d.deps, CASE WHEN s.input_refs THEN r.value ELSE s.input END, r.problem
+  FROM stepready.steps s
+ CROSS JOIN LATERAL (SELECT stepready._step_deps(s.id) AS deps) d
+  LEFT JOIN LATERAL (SELECT x.value, x.problem
+                       FROM stepready._resolve_input(s.input, d.deps,
+                                (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id), s.task_id) x
+                      WHERE s.input_refs) r ON true
+ WHERE s.task_id = $1 AND s.id = $2;
 
 -- name: step_by_name
 -- StepID: the id of step $2 of task $1.
