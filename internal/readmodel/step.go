@@ -28,8 +28,8 @@ type StepDetail struct {
 	// Input when it has none); nil when it does not resolve yet, and InputProblem says why.
 	ResolvedInput json.RawMessage `json:"resolved_input"`
 	// InputProblem is why the input does not resolve now (a parent not finished yet, a path that names nothing).
-	InputProblem *string `json:"input_problem,omitempty"`
-	AsOf          time.Time       `json:"as_of"`
+	InputProblem *string   `json:"input_problem,omitempty"`
+	AsOf         time.Time `json:"as_of"`
 	// Reasons are every reason the step may not start now, in precedence order (empty when it is ready).
 	Reasons  []Reason  `json:"reasons"`
 	Attempts []Attempt `json:"attempts"`

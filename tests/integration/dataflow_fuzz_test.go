@@ -37,7 +37,6 @@ func checkReferenceText(t *testing.T, db *pgtest.DB, text string) {
 		return // not a PostgreSQL text
 	}
 	ctx := context.Background()
-	var pieces []*string
 	var refs, problems int
 	var joined string
 	rows, err := db.Pool.Query(ctx, `SELECT COALESCE(lit, ref), ref IS NOT NULL, problem FROM stepready._ref_parse($1)`, text)
@@ -50,7 +49,6 @@ func checkReferenceText(t *testing.T, db *pgtest.DB, text string) {
 			problems++
 			continue
 		}
-		pieces = append(pieces, piece)
 		joined += *piece
 		if isRef {
 			refs++
