@@ -35,6 +35,14 @@ func TestStepShow(t *testing.T) {
 	require.Contains(t, stdout, `deps: {"list": {"pad": "xxx`)
 	require.Contains(t, stdout, "… (1041 bytes; --output json for all of it)")
 
+	// task show: the output cut in the table, whole in json.
+	stdout, stderr, err = b.run("task", "show", "1")
+	require.NoError(t, err, stderr)
+	require.Regexp(t, `list +1 +complete .* \{"pad": "xxxxxxxxxxxxxxxxxxxxxxxxxxxx\.\.\.\n`, stdout)
+	stdout, stderr, err = b.run("task", "show", "1", "--output", "json")
+	require.NoError(t, err, stderr)
+	require.Contains(t, stdout, long)
+
 	stdout, stderr, err = b.run("step", "show", "2", "--output", "json")
 	require.NoError(t, err, stderr)
 	var got struct {

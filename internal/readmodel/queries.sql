@@ -48,7 +48,8 @@ SELECT t.id, t.name, t.namespace, t.status, t.paused, t.steps_total, t.steps_uns
 
 -- name: steps
 -- ReadTask, ReadStep: the steps of task $1 ($3: these steps only, NULL = all) with step_readiness at $2, the
--- first explain message of a step that is not ready (the rank order of blocked_reason), and its parents' names.
+-- first explain message of a step that is not ready (the rank order of blocked_reason), its parents' names and
+-- its output.
 SELECT s.id, s.name, s.handler, s.queue, s.state, s.attempts, s.max_attempts, s.next_attempt_at, r.ready,
        r.blocked_reason,
        CASE WHEN NOT r.ready THEN
@@ -56,7 +57,8 @@ SELECT s.id, s.name, s.handler, s.queue, s.state, s.attempts, s.max_attempts, s.
        END,
        s.last_error,
        ARRAY(SELECT p.name FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
-              WHERE e.child_step_id = s.id ORDER BY p.id)
+              WHERE e.child_step_id = s.id ORDER BY p.id),
+       s.output
   FROM stepready.steps s
   JOIN stepready.step_readiness(ARRAY[$1]::bigint[], $3, $2) r ON r.step_id = s.id
  ORDER BY s.id;
