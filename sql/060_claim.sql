@@ -225,6 +225,12 @@ LANGUAGE plpgsql
 -- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
 -- would re-plan every statement on every call (arrays make every custom plan look cheaper).
 SET plan_cache_mode = force_generic_plan
+-- Every row is looked up by key (steps by id, a step's edges by step_edges_child_idx, tasks by id), whatever the
+-- statistics say: a generic plan made while step_edges was empty read deps with a hash join over every step
+-- (measured: 0.9 s for a claim of 100 after 20,000 steps).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -269,11 +275,14 @@ BEGIN
            c.queue, c.iteration, t.context, c.rules, c.attempts, d.deps, NULL::jsonb, NULL::int
       FROM started c
       JOIN stepready.tasks t ON t.id = c.task_id
-     -- _step_deps, written out: a SQL function with a FROM clause is not inlined.
+     -- _step_deps, written out (a SQL function with a FROM clause is not inlined): the child's edges by
+     -- step_edges_child_idx, each parent by primary key (a lateral lookup per edge: never a join of two sets).
      CROSS JOIN LATERAL (SELECT COALESCE(jsonb_object_agg(p.name, p.output), '{}') AS deps
                            FROM stepready.step_edges e
-                           JOIN stepready.steps p ON p.id = e.parent_step_id
-                          WHERE e.child_step_id = c.id AND p.state IN ('complete', 'resolved_manually')) d
+                          CROSS JOIN LATERAL (SELECT q.name, q.output FROM stepready.steps q
+                                               WHERE q.id = e.parent_step_id
+                                                 AND q.state IN ('complete', 'resolved_manually') OFFSET 0) p
+                          WHERE e.child_step_id = c.id) d
      -- Resolved only where the input has `${`: the subquery's filter on the outer row skips the call otherwise.
      LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(c.input, d.deps, t.context, c.task_id) x
                         WHERE c.input_refs) r ON true
