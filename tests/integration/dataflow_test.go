@@ -308,3 +308,21 @@ func TestOutputCap(t *testing.T) {
 	requireSQLState(t, b.callErr(`UPDATE stepready.settings SET value = '0' WHERE name = 'max_output_bytes'`), "23514")
 	requireSQLState(t, b.callErr(`INSERT INTO stepready.settings VALUES ('nope', '1')`), "23514")
 }
+
+// TestResolveInputElement: the resolver already handles a map element's ${element}, ${element.PATH} and ${index}
+// (SPEC §19; map steps themselves are not built yet), and leaves them unresolvable for a step that is not an
+// element.
+func TestResolveInputElement(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	var value, problem *string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT r.value::text, r.problem FROM stepready._resolve_input(
+		'{"file": "${element.name}", "n": "${index}", "whole": "${element}", "label": "#${index}: ${element.name}"}',
+		'{}', '{}', 9, '{"name": "a.csv", "size": 3}', 4) r`).Scan(&value, &problem))
+	require.Nil(t, problem)
+	requireJSON(t, `{"file": "a.csv", "n": 4, "whole": {"name": "a.csv", "size": 3}, "label": "#4: a.csv"}`, value, "element")
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT r.value::text, r.problem FROM stepready._resolve_input(
+		'{"n": "${index}"}', '{}', '{}', 9) r`).Scan(&value, &problem))
+	require.Nil(t, value)
+	require.Equal(t, "input reference ${index}: index not found", deref(problem))
+}
