@@ -84,8 +84,34 @@ func TestDocsShellBlocksAreMarked(t *testing.T) {
 	require.GreaterOrEqual(t, tested, 15, "fewer tested command blocks than the pages had when this test was written")
 }
 
-// specReference is a reference to the product contract, which is not part of the repository.
-var specReference = regexp.MustCompile(`SPEC(\.md)?\b|§\s*\d`)
+// specReference is a reference to a contract outside the repository.
+var specReference = regexp.MustCompile(`SPEC(\.md)?\b|§\s*\d|RELIABILITY\b`)
+
+// markdownFiles are every Markdown file of the repository (README.md, docs/, the READMEs of tests/ and
+// workers/), relative to the root; directories whose name starts with a dot or is testdata are left out.
+func markdownFiles(t testing.TB) []string {
+	t.Helper()
+	root := repoRoot(t)
+	var files []string
+	require.NoError(t, filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && path != root && (strings.HasPrefix(d.Name(), ".") || d.Name() == "testdata" || d.Name() == "bin") {
+			return filepath.SkipDir
+		}
+		if !d.IsDir() && strings.HasSuffix(path, ".md") {
+			rel, err := filepath.Rel(root, path)
+			if err != nil {
+				return err
+			}
+			files = append(files, rel)
+		}
+		return nil
+	}))
+	sort.Strings(files)
+	return files
+}
 
 // TestDocsStandAlone checks that no page sends its reader to a document outside the repository: every rule a
 // page cites is written in docs/.
@@ -93,7 +119,7 @@ func TestDocsStandAlone(t *testing.T) {
 	t.Parallel()
 	root := repoRoot(t)
 	var found []string
-	for _, f := range pageFiles(t) {
+	for _, f := range markdownFiles(t) {
 		data, err := os.ReadFile(filepath.Join(root, f))
 		require.NoError(t, err)
 		for i, line := range strings.Split(string(data), "\n") {
@@ -104,6 +130,46 @@ func TestDocsStandAlone(t *testing.T) {
 	}
 	require.Empty(t, found, "references to a contract outside the repository (link the docs page that holds the rule):\n%s",
 		strings.Join(found, "\n"))
+}
+
+// TestDocsLinks checks every relative link of every Markdown file: the file exists, and a #fragment names a
+// heading of the page it points to (GitHub's anchors).
+func TestDocsLinks(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	anchors := map[string]map[string]bool{}
+	anchorsOf := func(rel string) map[string]bool {
+		if a, ok := anchors[rel]; ok {
+			return a
+		}
+		data, err := os.ReadFile(filepath.Join(root, rel))
+		require.NoError(t, err)
+		anchors[rel] = headingAnchors(string(data))
+		return anchors[rel]
+	}
+	var broken []string
+	for _, f := range markdownFiles(t) {
+		p, err := readPage(filepath.Join(root, f), f)
+		require.NoError(t, err)
+		for _, l := range p.links {
+			if strings.Contains(l.target, "://") || strings.HasPrefix(l.target, "mailto:") {
+				continue
+			}
+			path, frag, _ := strings.Cut(l.target, "#")
+			rel := f
+			if path != "" {
+				rel = filepath.Clean(filepath.Join(filepath.Dir(f), path))
+				if _, err := os.Stat(filepath.Join(root, rel)); err != nil {
+					broken = append(broken, fmt.Sprintf("%s:%d: %s: no such file", f, l.line, l.target))
+					continue
+				}
+			}
+			if frag != "" && strings.HasSuffix(rel, ".md") && !anchorsOf(rel)[frag] {
+				broken = append(broken, fmt.Sprintf("%s:%d: %s: no heading with that anchor in %s", f, l.line, l.target, rel))
+			}
+		}
+	}
+	require.Empty(t, broken, "broken links:\n%s", strings.Join(broken, "\n"))
 }
 
 // TestDocsRun runs the command blocks of every page, each page in a subtest of its own with a database of its own

@@ -5,6 +5,7 @@ import (
 	"os"
 	"regexp"
 	"strings"
+	"unicode"
 )
 
 // A page's fenced blocks, as the docs test reads them (docs/README.md, "How the docs are tested"):
@@ -102,6 +103,62 @@ type page struct {
 	blocks []*block
 	// trailing are the directives after the last block.
 	trailing []directive
+	// links are the Markdown links outside code.
+	links []link
+}
+
+// link is a Markdown link [text](target) of a page.
+type link struct {
+	line   int
+	target string
+}
+
+var (
+	linkRe     = regexp.MustCompile(`\]\(([^)\s]+)\)`)
+	codeSpanRe = regexp.MustCompile("`+[^`]*`+")
+	headingRe  = regexp.MustCompile(`^#{1,6}\s+(.*?)\s*#*\s*$`)
+)
+
+// headingAnchors returns the anchors GitHub gives the headings of a Markdown text: lower case, punctuation
+// dropped, spaces as hyphens, a repeated anchor numbered (-1, -2…).
+func headingAnchors(text string) map[string]bool {
+	anchors := map[string]bool{}
+	seen := map[string]int{}
+	inBlock := ""
+	for _, line := range strings.Split(text, "\n") {
+		if m := fenceOpen.FindStringSubmatch(line); m != nil {
+			if inBlock == "" {
+				inBlock = m[2][:1]
+			} else if m[2][:1] == inBlock && strings.TrimSpace(m[3]) == "" {
+				inBlock = ""
+			}
+			continue
+		}
+		if inBlock != "" {
+			continue
+		}
+		m := headingRe.FindStringSubmatch(line)
+		if m == nil {
+			continue
+		}
+		var b strings.Builder
+		for _, r := range strings.ToLower(m[1]) {
+			switch {
+			case r == ' ':
+				b.WriteRune('-')
+			case r == '-' || r == '_' || unicode.IsLetter(r) || unicode.IsDigit(r):
+				b.WriteRune(r)
+			}
+		}
+		a := b.String()
+		if n := seen[a]; n > 0 {
+			anchors[fmt.Sprintf("%s-%d", a, n)] = true
+		} else {
+			anchors[a] = true
+		}
+		seen[a]++
+	}
+	return anchors
 }
 
 // readPage reads and parses the Markdown file at path; name is how messages call it.
@@ -133,6 +190,9 @@ func parsePage(name, text string) (*page, error) {
 		}
 		m := fenceOpen.FindStringSubmatch(line)
 		if m == nil {
+			for _, l := range linkRe.FindAllStringSubmatch(codeSpanRe.ReplaceAllString(line, ""), -1) {
+				p.links = append(p.links, link{line: i + 1, target: l[1]})
+			}
 			continue
 		}
 		indent, fence, info := len(m[1]), m[2], strings.Fields(m[3])
