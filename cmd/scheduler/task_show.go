@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -99,7 +100,8 @@ func newTaskShowCommand(o *dbOptions) *cobra.Command {
 		Short: "Show a task's steps as a tree: state, attempt a/max, next attempt, last error",
 		Long: "Show a task and its steps as an indented tree (a step under its deepest parent chain, its other\n" +
 			"parents listed after it): state, attempt a/max, when the next attempt may start (\"in 3.2s\"),\n" +
-			"whether it is ready or why not (step_readiness), and the last error's class and message.",
+			"whether it is ready or why not (step_readiness's first reason, in explain's words), and the last\n" +
+			"error's class and message. The heading names the task's execution status (task_execution_context).",
 		Example: "  scheduler task show 12\n  scheduler task show 12 --output json",
 		Args:    usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -206,10 +208,10 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 		case slices.Contains(terminalStates, s.State):
 			ready = "-" // finished: readiness no longer applies
 		case !s.Ready:
-			ready = orDash(s.BlockedReason)
-			if s.BlockedReason != nil && (*s.BlockedReason == "concurrency_limited" || *s.BlockedReason == "rate_limited") {
-				ready = termSafe(s.Why) // names the key: "concurrency limited by tenant:7: 2 of 2 in flight"
-			}
+			// explain's words for the first reason, as the console and `scheduler explain` print them ("backoff
+			// until 12:00:03 (in 1.8s)", "rate limited by api:partner: next slot in 0.8s"); the reason itself is
+			// blocked_reason in the JSON.
+			ready = termSafe(cmp.Or(s.Why, orDash(s.BlockedReason)))
 		}
 		fmt.Fprintf(tw, "%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\n", name, s.ID, s.State, s.Attempts, orDash(s.MaxAttempts),
 			next, ready, lastError(s.Step))

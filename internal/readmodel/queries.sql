@@ -52,7 +52,7 @@ SELECT t.id, t.name, t.namespace, t.status, t.paused, t.steps_total, t.steps_uns
 SELECT s.id, s.name, s.handler, s.queue, s.state, s.attempts, s.max_attempts, s.next_attempt_at, r.ready,
        r.blocked_reason,
        CASE WHEN NOT r.ready THEN
-           (SELECT x.message FROM stepready.explain_step(s.id, $2) x ORDER BY x.rank LIMIT 1)
+           (SELECT x.message FROM stepready.explain_step(s.id, $2) x ORDER BY x.rank, x.parent_step_id LIMIT 1)
        END,
        s.last_error,
        ARRAY(SELECT p.name FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
