@@ -1,6 +1,8 @@
--- Flow control (SPEC §14): concurrency and rate limits per key, and fairness between keys. The claim functions
--- (060_claim.sql) enforce it through _claim_flow_group; this file holds the pieces they and the readiness,
--- explain and operator functions share. docs/design-core.md explains the design and its costs.
+-- Flow control (SPEC §14): concurrency and rate limits per key, and fairness between keys. This file holds the
+-- definitions (key placeholders, the step columns), the token bucket, the rules every caller shares (the count of
+-- slots taken, the limit rule, why a step is held) and the operator overrides. The claim applies them in
+-- 048_flow_claim.sql, flow_status and the pruning of idle keys are in 049_flow_status.sql; docs/design-core.md
+-- explains the design and its costs.
 --
 -- A step names at most one concurrency key and one rate key (materialized columns, placeholders resolved when
 -- the step is inserted). Its fairness key, flow_key, is its concurrency key, else its rate key, else '' (the one
@@ -174,15 +176,26 @@ BEGIN
 END;
 $$;
 
--- When the next start of a rate key is allowed, if later than p_as_of (NULL: a token is there now).
+-- When the next start of a rate key is allowed, if later than p_as_of (NULL: a token is there now): the first
+-- microsecond t with t >= tat - tolerance, the instant _flow_tokens allows a start. The tolerance is rounded down,
+-- not to the nearest microsecond: with a fractional tolerance (3 per second: 666,666.67 µs) rounding gave an
+-- instant 1 µs before _flow_tokens allowed the start, so readiness and the claim disagreed for that microsecond,
+-- and a claim that found no token then recorded no wake-up (the token's time was not after p_as_of).
+-- One expression without a FROM clause, so that it is inlined where it is used (the claim evaluates it for
+-- every step it takes, through _flow_refusal: called as a function it cost 5 µs a step).
 CREATE OR REPLACE FUNCTION stepready._flow_next_token(p_tat timestamptz, p_limit int, p_period_ms bigint,
                                                       p_as_of timestamptz)
 RETURNS timestamptz
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT CASE WHEN n.at > p_as_of THEN n.at END
-      FROM (SELECT p_tat - round(p.per - p.per / GREATEST(p_limit, 1)) * interval '1 microsecond' AS at
-              FROM (SELECT LEAST(p_period_ms, 9223372036854) * 1000.0 AS per) p) n; -- clamped as in _flow_tokens
+    -- The period is clamped as in _flow_tokens. GREATEST ignores a NULL tat (a full bucket): NULL then.
+    SELECT CASE WHEN p_as_of IS NOT NULL THEN
+        NULLIF(GREATEST(p_tat - floor(LEAST(p_period_ms, 9223372036854) * 1000.0
+                                      - LEAST(p_period_ms, 9223372036854) * 1000.0 / GREATEST(p_limit, 1))
+                                * interval '1 microsecond',
+                        p_as_of),
+               p_as_of)
+    END;
 $$;
 
 -- Tokens left in a rate key's bucket at p_as_of (fractional: the refill is continuous).
@@ -197,68 +210,79 @@ AS $$
            END;
 $$;
 
--- Steps holding a slot of one concurrency key at p_as_of (stepready._holds_slot: in flight, or an orphaned lease
--- not expired), read through steps_in_flight_key_idx by key. _flow_in_flight_keys counts many keys at once.
+-- The one count of slots taken (SPEC §14): for each key of p_keys, the steps holding a slot of it at p_as_of
+-- (stepready._holds_slot: in flight, or an orphaned lease not expired); keys without any are left out. Every
+-- caller counts through it: the claim (a batch of keys, in a statement of its own after it locked them, so that
+-- it sees every claim of those keys committed before the locks were granted), _flow_in_flight (one key: readiness,
+-- explain, prune_flow_state) and flow_status (every key).
+--
+-- A SQL function, inlined into the statement that calls it: `concurrency_key = ANY (p_keys)` is the index
+-- condition of steps_in_flight_key_idx (whose predicate _holds_slot implies), one descent per key, so the cost
+-- follows the keys asked and their slots, never the table (measured: 1,000 keys among 4,000 steps in flight in
+-- 5-6 ms, as the jsonb lookup it replaces; one key in 0.07 ms instead of 1.6 ms).
+DROP FUNCTION IF EXISTS stepready._flow_in_flight_keys(jsonb, timestamptz); -- before it returned a jsonb object
+CREATE OR REPLACE FUNCTION stepready._flow_in_flight_keys(p_keys text[], p_as_of timestamptz)
+RETURNS TABLE (key text, in_flight int)
+LANGUAGE sql STABLE
+AS $$
+    SELECT s.concurrency_key, count(*)::int
+      FROM stepready.steps s
+     WHERE s.concurrency_key = ANY (p_keys) AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of)
+     GROUP BY s.concurrency_key;
+$$;
+
+-- The slots of one key taken at p_as_of (_flow_in_flight_keys). A scalar subquery and no FROM clause, so that the
+-- function is inlined where it is called (a SQL function with a FROM clause is planned again on every call).
 DROP FUNCTION IF EXISTS stepready._flow_in_flight(text); -- before it took no p_as_of (no orphaned leases)
 CREATE OR REPLACE FUNCTION stepready._flow_in_flight(p_key text, p_as_of timestamptz)
 RETURNS int
 LANGUAGE sql STABLE
 AS $$
-    SELECT count(*)::int FROM stepready.steps s
-     WHERE s.concurrency_key = p_key AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of);
+    SELECT COALESCE((SELECT c.in_flight FROM stepready._flow_in_flight_keys(ARRAY[p_key], p_as_of) c), 0);
 $$;
 
--- Steps holding a slot at p_as_of for each key of p_keys (a jsonb object whose keys are the concurrency keys),
--- as an object key -> count (keys without any left out). The claim's count: at most one pass over the steps
--- holding slots, whatever index the planner takes, each row's key looked up in the object (a binary search).
--- Not `= ANY (array)`: over an array that is not a constant that is a linear search per row (measured: 97 ms
--- for 4,000 steps in flight and a batch of 1,000 keys). The same rule as _flow_in_flight (_holds_slot).
---
--- PL/pgSQL for its cached plan (a SQL function with a FROM clause is planned again on every call), read by the
--- claim in a statement of its own after it locked the keys: the statement's snapshot sees every claim of those
--- keys committed before the locks were granted.
-CREATE OR REPLACE FUNCTION stepready._flow_in_flight_keys(p_keys jsonb, p_as_of timestamptz)
-RETURNS jsonb
-LANGUAGE plpgsql STABLE
-SET plan_cache_mode = force_generic_plan
--- The partial index steps_in_flight_key_idx holds exactly the rows that may hold a slot: read it, never the table.
-SET enable_seqscan = off
-SET enable_bitmapscan = off
+-- The limit rule of SPEC §14, the one every caller applies (the claim for each step it takes, _flow_blocked for
+-- readiness, explain, flow_status): why a key refuses one more start at p_as_of, or NULL when it takes one.
+-- p_in_flight is what holds its slots (_flow_in_flight_keys, plus what the calling claim took already); the
+-- limits are those that apply (an operator override of flow_limits, else the steps' own). A NULL concurrency
+-- limit means no concurrency check (the key is not the step's concurrency key), a NULL rate limit no rate check.
+-- Concurrency is checked first: a step refused a slot takes no token. A token is there when _flow_next_token says
+-- so, which is exactly when _flow_tokens allows a start.
+CREATE OR REPLACE FUNCTION stepready._flow_refusal(p_in_flight int, p_concurrency_limit int, p_rate_tat timestamptz,
+                                                   p_rate_limit int, p_rate_period_ms bigint, p_as_of timestamptz)
+RETURNS text
+LANGUAGE sql IMMUTABLE
 AS $$
-BEGIN
-    RETURN (SELECT COALESCE(jsonb_object_agg(c.key, c.n), '{}')
-              FROM (SELECT s.concurrency_key AS key, count(*) AS n FROM stepready.steps s
-                     WHERE s.concurrency_key IS NOT NULL
-                       AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of)
-                       AND p_keys ? s.concurrency_key
-                     GROUP BY s.concurrency_key) c);
-END;
+    SELECT CASE
+        WHEN p_in_flight >= p_concurrency_limit THEN 'concurrency_limited'
+        WHEN p_rate_limit IS NOT NULL
+             AND stepready._flow_next_token(p_rate_tat, p_rate_limit, p_rate_period_ms, p_as_of) IS NOT NULL
+        THEN 'rate_limited'
+    END;
 $$;
 
--- Why flow control holds a step that is otherwise ready at p_as_of, or NULL: 'concurrency_limited' when its
--- concurrency key has its limit of steps holding a slot (_holds_slot), else 'rate_limited' when its rate key has no token. The
--- operator overrides of flow_limits win over the step's own limits. The claim applies the same rule
--- (_claim_flow_group).
+-- Why flow control holds a step that is otherwise ready at p_as_of, or NULL (_flow_refusal of its concurrency key,
+-- then of its rate key, each with its operator override and its state).
 CREATE OR REPLACE FUNCTION stepready._flow_blocked(p_concurrency_key text, p_concurrency_limit int,
                                                    p_rate_key text, p_rate_limit int, p_rate_period_ms bigint,
                                                    p_as_of timestamptz)
 RETURNS text
 LANGUAGE sql STABLE
 AS $$
-    SELECT CASE
-        WHEN p_concurrency_key IS NOT NULL
-             AND stepready._flow_in_flight(p_concurrency_key, p_as_of)
-                 >= COALESCE((SELECT l.concurrency_limit FROM stepready.flow_limits l WHERE l.key = p_concurrency_key),
-                             p_concurrency_limit)
-        THEN 'concurrency_limited'
-        WHEN p_rate_key IS NOT NULL
-             AND (SELECT stepready._flow_next_token(f.rate_tat, COALESCE(l.rate_limit, p_rate_limit),
-                                                    COALESCE(l.rate_period_ms, p_rate_period_ms), p_as_of)
-                    FROM (SELECT 1) one
-                    LEFT JOIN stepready.flow_state f ON f.key = p_rate_key
-                    LEFT JOIN stepready.flow_limits l ON l.key = p_rate_key) IS NOT NULL
-        THEN 'rate_limited'
-    END;
+    SELECT COALESCE(
+        CASE WHEN p_concurrency_key IS NOT NULL THEN
+            stepready._flow_refusal(stepready._flow_in_flight(p_concurrency_key, p_as_of),
+                                    COALESCE((SELECT l.concurrency_limit FROM stepready.flow_limits l
+                                               WHERE l.key = p_concurrency_key), p_concurrency_limit),
+                                    NULL, NULL, NULL, p_as_of)
+        END,
+        CASE WHEN p_rate_key IS NOT NULL THEN
+            (SELECT stepready._flow_refusal(NULL, NULL, f.rate_tat, COALESCE(l.rate_limit, p_rate_limit),
+                                            COALESCE(l.rate_period_ms, p_rate_period_ms), p_as_of)
+               FROM (SELECT 1) one
+               LEFT JOIN stepready.flow_state f ON f.key = p_rate_key
+               LEFT JOIN stepready.flow_limits l ON l.key = p_rate_key)
+        END);
 $$;
 
 -- When daemons must wake for a rate key's next token (the earliest after p_as_of), or NULL. A claim that leaves
@@ -269,70 +293,6 @@ LANGUAGE plpgsql STABLE
 AS $$
 BEGIN
     RETURN (SELECT min(f.wake_at) FROM stepready.flow_state f WHERE f.wake_at > p_as_of);
-END;
-$$;
-
--- The keys of the claimable rows of one (task priority, step priority) group in ring order after p_after (NULL:
--- from the start), at most p_max, '' (steps without a key) first in key order, with the id of each key's first
--- claimable row in claim order (due time, then id) as the probe found it: the claim tries that row first, by
--- its primary key, before it reads the key's range again. Each key is one probe of steps_claim_order_idx (a
--- loose index scan): the cost follows the keys returned, not the rows behind them.
-DROP FUNCTION IF EXISTS stepready._flow_next_keys(int, int, text, text, int); -- before it returned the keys only
-CREATE OR REPLACE FUNCTION stepready._flow_next_rows(p_tp int, p_p int, p_after text, p_upto text, p_max int,
-                                                     OUT p_keys text[], OUT p_ids bigint[])
-LANGUAGE plpgsql STABLE
-SET plan_cache_mode = force_generic_plan
--- Each probe must walk steps_claim_order_idx from the previous key: a plan that reads the claimable rows of
--- another index and sorts them costs O(claimable rows) per key (measured: 600 ms for a claim of 1,000 keys).
-SET enable_sort = off
-SET enable_seqscan = off
-SET enable_bitmapscan = off
-AS $$
-DECLARE
-    v_after text := p_after;
-    v_id    bigint;
-BEGIN
-    p_keys := '{}';
-    p_ids := '{}';
-    IF v_after IS NULL THEN
-        -- From the start of the ring: '' (the steps without a key) sorts first.
-        SELECT s.flow_key, s.id INTO v_after, v_id FROM stepready.steps s
-         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
-           AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key >= ''
-         ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id LIMIT 1;
-        IF v_after IS NULL OR v_after > p_upto THEN
-            RETURN;
-        END IF;
-        p_keys := ARRAY[v_after];
-        p_ids := ARRAY[v_id];
-    END IF;
-    IF cardinality(p_keys) >= p_max THEN
-        RETURN;
-    END IF;
-    -- One probe per key: each finds the first row of the smallest key after the previous one.
-    SELECT p_keys || COALESCE(array_agg(x.key ORDER BY x.n), '{}'), p_ids || COALESCE(array_agg(x.id ORDER BY x.n), '{}')
-      INTO p_keys, p_ids
-      FROM (WITH RECURSIVE k(key, id, n) AS (
-                SELECT r.flow_key, r.id, 1
-                  FROM (SELECT s.flow_key, s.id FROM stepready.steps s
-                         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
-                           AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
-                           AND s.flow_key > v_after
-                         ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
-                         LIMIT 1) r
-                UNION ALL
-                SELECT r.flow_key, r.id, k.n + 1
-                  FROM k
-                 CROSS JOIN LATERAL (
-                       SELECT s.flow_key, s.id FROM stepready.steps s
-                        WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
-                          AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
-                          AND s.flow_key > k.key
-                        ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
-                        LIMIT 1) r
-                 WHERE k.n < p_max - cardinality(p_keys)
-                   AND (p_upto IS NULL OR k.key < p_upto))
-            SELECT k.key, k.id, k.n FROM k WHERE p_upto IS NULL OR k.key <= p_upto) x;
 END;
 $$;
 
@@ -390,100 +350,4 @@ LANGUAGE sql
 AS $$
     WITH d AS (DELETE FROM stepready.flow_limits WHERE key = p_key RETURNING 1)
     SELECT EXISTS (SELECT 1 FROM d);
-$$;
-
--- Every key known to flow control at p_as_of: keys with an override, keys claimed before and keys with steps
--- waiting. Limits: the override, else the steps' own as the key's last claim applied them (for a key never
--- claimed, the largest of its waiting steps'); waiting: claimable steps (apart from flow control) whose fairness
--- key it is; blocked: NULL, 'concurrency_limited' or 'rate_limited'. Reads every
--- claimable keyed row once (the claim index), for the CLI, the console and the leader's gauges.
-CREATE OR REPLACE FUNCTION stepready.flow_status(p_as_of timestamptz DEFAULT now())
-RETURNS TABLE (
-    key               text,
-    concurrency_limit int,
-    in_flight         int,
-    rate_limit        int,
-    rate_period_ms    bigint,
-    tokens            float8,
-    next_token_at     timestamptz,
-    waiting           int,
-    overridden        bool,
-    blocked           text)
-LANGUAGE sql STABLE
-AS $$
-    WITH w AS (
-        SELECT s.flow_key AS key, count(*)::int AS waiting,
-               max(s.concurrency_limit) FILTER (WHERE s.concurrency_key = s.flow_key) AS c_limit,
-               max(s.rate_limit) FILTER (WHERE s.rate_key = s.flow_key) AS r_limit,
-               max(s.rate_period_ms) FILTER (WHERE s.rate_key = s.flow_key) AS r_period
-          FROM stepready.steps s
-         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
-           AND s.flow_key <> ''
-           AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
-           AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
-         GROUP BY s.flow_key
-    ), e AS (
-        SELECT k.key, COALESCE(l.concurrency_limit, f.concurrency_limit, w.c_limit) AS c_limit,
-               COALESCE(l.rate_limit, f.rate_limit, w.r_limit) AS r_limit,
-               COALESCE(l.rate_period_ms, f.rate_period_ms, w.r_period) AS r_period,
-               f.rate_tat, l.key IS NOT NULL AS overridden,
-               stepready._flow_in_flight(k.key, p_as_of) AS in_flight, COALESCE(w.waiting, 0) AS waiting
-          FROM (SELECT f.key FROM stepready.flow_state f UNION SELECT l.key FROM stepready.flow_limits l
-                UNION SELECT w.key FROM w) k
-          LEFT JOIN stepready.flow_limits l ON l.key = k.key
-          LEFT JOIN stepready.flow_state f ON f.key = k.key
-          LEFT JOIN w ON w.key = k.key
-    )
-    SELECT e.key, e.c_limit, e.in_flight, e.r_limit, e.r_period,
-           CASE WHEN e.r_limit IS NOT NULL THEN stepready._flow_tokens_left(e.rate_tat, e.r_limit, e.r_period, p_as_of) END,
-           CASE WHEN e.r_limit IS NOT NULL THEN stepready._flow_next_token(e.rate_tat, e.r_limit, e.r_period, p_as_of) END,
-           e.waiting, e.overridden,
-           CASE WHEN e.waiting = 0 THEN NULL
-                WHEN e.in_flight >= e.c_limit THEN 'concurrency_limited'
-                WHEN stepready._flow_next_token(e.rate_tat, e.r_limit, e.r_period, p_as_of) IS NOT NULL
-                THEN 'rate_limited' END
-      FROM e
-     ORDER BY e.key;
-$$;
-
--- Deletes at most p_limit flow_state rows of keys that are idle at p_as_of, and returns how many (run by the
--- daemon's pruner every round, so that a system keyed per tenant or per customer does not keep a row for every
--- key it ever saw). A key is idle when none of its steps is in flight, its bucket is full again (rate_tat not
--- after p_as_of: a fresh row, which a claim re-creates on demand, has exactly those tokens) and no wake-up is
--- pending. Its operator override, in flow_limits, is kept.
---
--- Locking: rows are taken with FOR UPDATE SKIP LOCKED, so a key a claim holds is left alone and the prune never
--- waits. A claim that meets a row being deleted finds no row to lock, leaves the key's steps for its next claim
--- (which creates the row again) and notifies. Limits do not depend on the row: steps in flight are counted from
--- the steps themselves.
-CREATE OR REPLACE FUNCTION stepready.prune_flow_state(p_as_of timestamptz DEFAULT now(), p_limit int DEFAULT 1000)
-RETURNS int
-LANGUAGE plpgsql
-AS $$
-DECLARE
-    v_n int;
-BEGIN
-    IF p_as_of IS NULL THEN
-        RAISE EXCEPTION 'prune_flow_state: p_as_of must not be NULL' USING ERRCODE = '22023';
-    END IF;
-    IF p_limit IS NULL OR p_limit < 0 THEN
-        RAISE EXCEPTION 'prune_flow_state: p_limit must be >= 0, got %', COALESCE(p_limit::text, 'NULL')
-            USING ERRCODE = '22023';
-    END IF;
-    WITH idle AS (
-        SELECT f.key FROM stepready.flow_state f
-         WHERE (f.rate_tat IS NULL OR f.rate_tat <= p_as_of)
-           AND (f.wake_at IS NULL OR f.wake_at <= p_as_of)
-           AND NOT EXISTS (SELECT 1 FROM stepready.steps s
-                            WHERE s.concurrency_key = f.key
-                              AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of))
-         ORDER BY f.key
-         LIMIT p_limit
-           FOR UPDATE SKIP LOCKED
-    ), gone AS (
-        DELETE FROM stepready.flow_state f USING idle WHERE f.key = idle.key RETURNING 1
-    )
-    SELECT count(*)::int INTO v_n FROM gone;
-    RETURN v_n;
-END;
 $$;

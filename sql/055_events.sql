@@ -17,6 +17,20 @@ $$;
 -- sql/090_operators.sql: one lock order).
 DROP FUNCTION IF EXISTS stepready._lock_step(bigint);
 
+-- Checks the p_limit argument of the functions that handle at most p_limit rows (the claims, the reaper, the
+-- prunes): 0 or more, named in the message after p_prefix (the function's name and ': ', or '').
+CREATE OR REPLACE FUNCTION stepready._check_limit(p_limit int, p_prefix text)
+RETURNS void
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+BEGIN
+    IF p_limit IS NULL OR p_limit < 0 THEN
+        RAISE EXCEPTION '%p_limit must be >= 0, got %', p_prefix, COALESCE(p_limit::text, 'NULL')
+            USING ERRCODE = '22023';
+    END IF;
+END;
+$$;
+
 -- Validates the common arguments of the lifecycle functions.
 CREATE OR REPLACE FUNCTION stepready._check_lease_args(p_worker text, p_lease_ms bigint)
 RETURNS void

@@ -328,9 +328,7 @@ DECLARE
     v_to text;
     k    int := 0;
 BEGIN
-    IF p_limit IS NULL OR p_limit < 0 THEN
-        RAISE EXCEPTION 'p_limit must be >= 0, got %', COALESCE(p_limit::text, 'NULL') USING ERRCODE = '22023';
-    END IF;
+    PERFORM stepready._check_limit(p_limit, '');
     FOR v IN
         SELECT s.* FROM stepready.steps s
          WHERE s.state IN ('enqueued', 'in_progress') AND s.lease_expires_at < p_as_of

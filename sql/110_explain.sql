@@ -16,8 +16,8 @@
 --   8 retries_exhausted         attempts >= max_attempts (and the step is retryable)
 --   9 backoff                   next_attempt_at > p_as_of (not reported when it is the task's run_at, already
 --                               reported as scheduled)
---  10 concurrency_limited       the step's concurrency key has its limit of steps in flight (SPEC §14)
---  11 rate_limited              the step's rate key has no token before the next one arrives (SPEC §14)
+--  10 concurrency_limited       _flow_refusal of the step's concurrency key (SPEC §14): its limit of slots taken
+--  11 rate_limited              _flow_refusal of the step's rate key: no token before the next one arrives
 -- Ranks 1-5 are reported for every step. Ranks 6-11 only for a step waiting to start (pending or
 -- waiting_for_retry): for a terminal or in-flight step they decide nothing (a complete step with attempts =
 -- max_attempts is not "exhausted"), and reporting them would only mislead.
@@ -146,7 +146,8 @@ AS $$
             SELECT stepready._flow_in_flight(s.concurrency_key, p_as_of) AS in_flight,
                    COALESCE((SELECT l.concurrency_limit FROM stepready.flow_limits l WHERE l.key = s.concurrency_key),
                             s.concurrency_limit) AS lim) c
-         WHERE s.waiting AND s.concurrency_key IS NOT NULL AND c.in_flight >= c.lim
+         WHERE s.waiting AND s.concurrency_key IS NOT NULL
+           AND stepready._flow_refusal(c.in_flight, c.lim, NULL, NULL, NULL, p_as_of) = 'concurrency_limited'
         UNION ALL
         SELECT s.*, 11, 'rate_limited',
                format('rate limited by %s: next slot in %s', s.rate_key,
@@ -155,11 +156,13 @@ AS $$
           FROM s
          CROSS JOIN LATERAL (
             SELECT stepready._flow_next_token(f.rate_tat, COALESCE(l.rate_limit, s.rate_limit),
-                                              COALESCE(l.rate_period_ms, s.rate_period_ms), p_as_of) AS at
+                                              COALESCE(l.rate_period_ms, s.rate_period_ms), p_as_of) AS at,
+                   stepready._flow_refusal(NULL, NULL, f.rate_tat, COALESCE(l.rate_limit, s.rate_limit),
+                                           COALESCE(l.rate_period_ms, s.rate_period_ms), p_as_of) AS why
               FROM (SELECT 1) one
               LEFT JOIN stepready.flow_state f ON f.key = s.rate_key
               LEFT JOIN stepready.flow_limits l ON l.key = s.rate_key) n
-         WHERE s.waiting AND s.rate_key IS NOT NULL AND n.at IS NOT NULL
+         WHERE s.waiting AND s.rate_key IS NOT NULL AND n.why = 'rate_limited'
     )
     SELECT r.task_id, r.id, r.name, r.state, r.rank, r.reason, r.message, r.p_id, r.p_name, r.p_state,
            r.p_attempts, r.p_max, r.attempts, r.max_attempts, r.retryable, r.next_attempt_at,

@@ -38,10 +38,7 @@ BEGIN
     IF p_finished_before IS NULL THEN
         RAISE EXCEPTION 'prune_tasks: p_finished_before must not be NULL' USING ERRCODE = '22023';
     END IF;
-    IF p_limit IS NULL OR p_limit < 0 THEN
-        RAISE EXCEPTION 'prune_tasks: p_limit must be >= 0, got %', COALESCE(p_limit::text, 'NULL')
-            USING ERRCODE = '22023';
-    END IF;
+    PERFORM stepready._check_limit(p_limit, 'prune_tasks: ');
     SELECT s INTO v_bad FROM unnest(COALESCE(p_statuses, '{NULL}'::text[])) AS s
      WHERE s IS NULL OR s NOT IN ('complete', 'error', 'cancelled') LIMIT 1;
     IF FOUND THEN

@@ -15,7 +15,8 @@ type FlowKey struct {
 	Key string `json:"key"`
 	// ConcurrencyLimit is the key's concurrency limit: the override, else the steps' own (nil: none).
 	ConcurrencyLimit *int `json:"concurrency_limit"`
-	// InFlight is how many steps of the key are enqueued or in progress.
+	// InFlight is how many slots of the key are taken: its steps enqueued or in progress, and those an operator
+	// moved out of flight while their attempt may still run (an orphaned lease not expired).
 	InFlight int `json:"in_flight"`
 	// RateLimit and RatePeriodMS are the key's rate limit, starts per period (nil: none).
 	RateLimit    *int   `json:"rate_limit"`
@@ -24,8 +25,13 @@ type FlowKey struct {
 	Tokens *float64 `json:"tokens"`
 	// NextTokenAt is when the next start is allowed, when no token is left.
 	NextTokenAt *time.Time `json:"next_token_at"`
-	// Waiting is how many steps of the key are claimable apart from flow control.
+	// Waiting is how many steps of the key are claimable apart from flow control, counted up to a share of a
+	// fixed budget (WaitingCapped: more than Waiting wait).
 	Waiting int `json:"waiting"`
+	// WaitingCapped says that the key has more than Waiting steps waiting: flow_status counts at most 10,000
+	// waiting steps in all (the SQL function stepready._read_budget), each key up to an equal share of them (at
+	// least 1). Show Waiting as a lower bound ("100+").
+	WaitingCapped bool `json:"waiting_capped"`
 	// Overridden says that an operator override (stepready.flow_limits) applies.
 	Overridden bool `json:"overridden"`
 	// Blocked is "concurrency_limited", "rate_limited" or empty.
@@ -35,14 +41,14 @@ type FlowKey struct {
 // FlowStatus reads every flow control key at the database's now, ordered by key.
 func FlowStatus(ctx context.Context, db DBTX) ([]FlowKey, error) {
 	rows, err := db.Query(ctx, `SELECT key, concurrency_limit, in_flight, rate_limit, rate_period_ms, tokens,
-		next_token_at, waiting, overridden, COALESCE(blocked, '') FROM stepready.flow_status()`)
+		next_token_at, waiting, overridden, COALESCE(blocked, ''), waiting_capped FROM stepready.flow_status()`)
 	if err != nil {
 		return nil, fmt.Errorf("store: flow status: %w", err)
 	}
 	keys, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (FlowKey, error) {
 		var k FlowKey
 		err := r.Scan(&k.Key, &k.ConcurrencyLimit, &k.InFlight, &k.RateLimit, &k.RatePeriodMS, &k.Tokens,
-			&k.NextTokenAt, &k.Waiting, &k.Overridden, &k.Blocked)
+			&k.NextTokenAt, &k.Waiting, &k.Overridden, &k.Blocked, &k.WaitingCapped)
 		return k, err
 	})
 	if err != nil {

@@ -590,20 +590,31 @@ func CountPrunable(ctx context.Context, db DBTX, finishedBefore time.Time, statu
 
 // QueueStat is one row of queue_stats: the backlog of one queue.
 type QueueStat struct {
-	Queue           string `json:"queue"`
-	Ready           int64  `json:"ready"`
-	InFlight        int64  `json:"in_flight"`
-	WaitingForRetry int64  `json:"waiting_for_retry"`
-	DueWithinMinute int64  `json:"due_within_minute"`
+	Queue string `json:"queue"`
+	// Ready is how many steps could be claimed now.
+	Ready int64 `json:"ready"`
+	// InFlight is how many steps hold a slot: claimed or running, or moved out of flight by an operator while
+	// their attempt may still run (an orphaned lease not expired). Always exact.
+	InFlight int64 `json:"in_flight"`
+	// WaitingForRetry is how many steps wait out a retry backoff.
+	WaitingForRetry int64 `json:"waiting_for_retry"`
+	// DueWithinMinute is how many steps not ready yet become due within a minute.
+	DueWithinMinute int64 `json:"due_within_minute"`
 	// OldestReadySeconds is how long the oldest ready step has waited to be claimed (0: none ready).
 	OldestReadySeconds float64 `json:"oldest_ready_seconds"`
+	// Estimated says that Ready, WaitingForRetry, DueWithinMinute and OldestReadySeconds are estimates from a
+	// sample of the table: there were more claimable steps than queue_stats counts exactly (10,000, the SQL
+	// function stepready._read_budget). The oldest wait is then the oldest among the rows sampled, so the true
+	// lag may be longer. Show them as approximate ("~").
+	Estimated bool `json:"estimated"`
 }
 
 // QueueStats calls queue_stats: per queue, ready, in flight, waiting for retry, due within a minute and the
-// scheduling lag, read through the claim and lease indexes only.
+// scheduling lag, read through the claim and lease indexes, estimated from a bounded sample above 10,000
+// claimable steps (Estimated).
 func QueueStats(ctx context.Context, db DBTX) ([]QueueStat, error) {
 	rows, err := db.Query(ctx, `SELECT queue, ready, in_flight, waiting_for_retry, due_within_minute,
-		COALESCE(oldest_ready_seconds, 0) FROM stepready.queue_stats()`)
+		COALESCE(oldest_ready_seconds, 0), estimated FROM stepready.queue_stats()`)
 	if err != nil {
 		return nil, fmt.Errorf("store: queue stats: %w", err)
 	}

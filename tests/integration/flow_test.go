@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 )
 
@@ -307,6 +308,91 @@ func TestFlowRateBoundary(t *testing.T) {
 	require.Equal(t, "rate_limited", lcDeref(status.Blocked))
 }
 
+// A token whose time is not a whole microsecond (3 per second: one every 333,333.33 µs) is there at the same
+// microsecond for readiness, explain, flow_status and the claim: the first microsecond at or after it. A claim
+// that finds no token records that microsecond as the key's wake-up. (The next token's time used to be rounded to
+// the nearest microsecond: 1 µs before the claim allowed the start, readiness said ready, the claim took nothing
+// and recorded no wake-up.)
+func TestFlowRateTokenAtAFractionalMicrosecond(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	ids := b.keyedTasks(5, `"rate_limit": {"key": "api", "limit": 3, "period_ms": 1000}`)
+	t0 := lcBase
+	require.Equal(t, ids[:3], b.startIDs(10, t0), "a full bucket: a burst of three")
+	// Three starts moved the bucket's tat to t0 + 999,999 µs (each start adds 333,333.33 µs, rounded to the
+	// microsecond); with a tolerance of 666,666.67 µs the fourth start is allowed from t0 + 333,332.33 µs, that is
+	// from the microsecond t0 + 333,333 µs.
+	require.Equal(t, 999999, b.intCall(`SELECT (extract(epoch FROM rate_tat - $1) * 1000000)::int
+		FROM stepready.flow_state WHERE key = 'api'`, t0))
+	token := t0.Add(333333 * time.Microsecond)
+	before := token.Add(-lcTick)
+	b.requireNotReady(ids[3], before, "rate_limited")
+	var next *time.Time
+	var blocked *string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT next_token_at, blocked FROM stepready.flow_status($1)
+		WHERE key = 'api'`, before).Scan(&next, &blocked))
+	lcRequireTime(t, token, next, "flow_status: the next token")
+	require.Equal(t, "rate_limited", lcDeref(blocked))
+	require.Empty(t, b.startIDs(10, before), "1 µs before the token")
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.next_claim_at($1)`, before).Scan(&next))
+	lcRequireTime(t, token, next, "the wake-up the claim recorded")
+
+	b.requireReady(ids[3], token)
+	require.Equal(t, ids[3:4], b.startIDs(10, token), "one token at its microsecond")
+	b.requireNotReady(ids[4], token, "rate_limited")
+}
+
+// flow_status reads a bounded number of steps whatever the backlog: each key with steps waiting is found by one
+// probe of the claim index and its waiting steps counted up to an equal share of _read_budget(); a key with more
+// says so (waiting_capped) with its share as a lower bound. Steps without a key are not read (the exact version read
+// every claimable row, keyed or not: 270-510 ms with 1,000,000).
+func TestFlowStatusBoundedRead(t *testing.T) {
+	t.Parallel()
+	b := lcSetup(t)
+	budget := b.intCall(`SELECT stepready._read_budget()`)
+	b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
+	b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
+		SELECT 1, 'b' || g, 'h', 'big', 7 FROM generate_series(1, $1) g`, 3*budget)
+	b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
+		SELECT 1, 'f' || g, 'h', 'few', 2 FROM generate_series(1, 3) g`)
+	b.exec(`INSERT INTO stepready.steps (task_id, name, handler) SELECT 1, 'u' || g, 'h' FROM generate_series(1, $1) g`,
+		2*budget)
+	b.exec(`VACUUM ANALYZE stepready.steps`)
+
+	conn := b.db.Conn(t)
+	before := p1StepsTuplesRead(t, conn)
+	rows, err := conn.Query(b.ctx, `SELECT key, concurrency_limit, waiting, waiting_capped, blocked
+		FROM stepready.flow_status($1)`, lcBase)
+	require.NoError(t, err)
+	type row struct {
+		Key     string
+		Limit   *int
+		Waiting int
+		Capped  bool
+		Blocked *string
+	}
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
+	require.NoError(t, err)
+	read := p1StepsTuplesRead(t, conn) - before
+	t.Logf("flow_status: %+v, %d tuples of steps read", got, read)
+	require.Equal(t, []row{
+		{Key: "big", Limit: lcPtr(7), Waiting: budget / 2, Capped: true},
+		{Key: "few", Limit: lcPtr(2), Waiting: 3},
+	}, got, "two keys: a share of half the budget each; limits of keys never claimed from their waiting steps")
+	require.LessOrEqual(t, read, int64(budget+100), "flow_status read the backlog")
+
+	// Once the big key is full, it is blocked; the count stays bounded.
+	b.exec(`UPDATE stepready.steps SET state = 'in_progress', attempts = 1, lease_owner = 'w', lease_expires_at = $1
+		WHERE id IN (SELECT id FROM stepready.steps WHERE concurrency_key = 'big' ORDER BY id LIMIT 7)`,
+		lcBase.Add(time.Minute))
+	var blocked *string
+	var inFlight int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT in_flight, blocked FROM stepready.flow_status($1)
+		WHERE key = 'big'`, lcBase).Scan(&inFlight, &blocked))
+	require.Equal(t, 7, inFlight)
+	require.Equal(t, "concurrency_limited", lcDeref(blocked))
+}
+
 // Fairness across claims: a key with 2,000 ready steps created first does not starve a key with 20 created
 // after, even when every claim takes one or two steps.
 func TestFlowFairnessAcrossClaims(t *testing.T) {
@@ -334,6 +420,109 @@ func TestFlowFairnessAcrossClaims(t *testing.T) {
 				require.LessOrEqual(t, bigStarts, 2*20+batch,
 					"the big key took %d starts before the small key's 20 were done (%d done)", bigStarts, smallStarts)
 			}
+		})
+	}
+}
+
+// Fairness across claimers (issue 28): two claimers that each hold at most two steps and claim as their slots free
+// up (claims of one or two steps, concurrent, each its own transaction, as two daemons of concurrency 2 do), with a
+// key of 1,000 ready steps, then a key of 20 that arrives behind them. The busy key gets at most its fair share of
+// starts (one per start of the small key, with the same slack as one claimer) until the small key's 20 started.
+func TestFlowFairnessAcrossClaimers(t *testing.T) {
+	t.Parallel()
+	// The small key sorts after and before the busy one: the ring wraps between them or not.
+	for _, keys := range [][2]string{{"busy", "small"}, {"zbusy", "asmall"}} {
+		t.Run(keys[1], func(t *testing.T) {
+			t.Parallel()
+			b := lcSetup(t)
+			b.exec(`INSERT INTO stepready.tasks (name) VALUES ('busy'), ('small')`)
+			b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
+				SELECT 1, 'b' || g, 'h', $1, 100000 FROM generate_series(1, 1000) g`, keys[0])
+			ctx, cancel := context.WithTimeout(b.ctx, 2*time.Minute)
+			defer cancel()
+			var mu sync.Mutex
+			var starts []int64 // task ids in the order their claims returned
+			arrived, smallStarts := -1, 0
+			var wg sync.WaitGroup
+			errs := make(chan error, 2)
+			for c := range 2 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					worker := fmt.Sprintf("w%d", c)
+					type held struct {
+						id      int64
+						attempt int
+					}
+					var running []held
+					for ctx.Err() == nil {
+						mu.Lock()
+						done := smallStarts >= 20
+						arrive := arrived < 0 && len(starts) >= 10
+						if arrive {
+							arrived = len(starts)
+						}
+						mu.Unlock()
+						if done {
+							return
+						}
+						if arrive {
+							if _, err := b.db.Pool.Exec(ctx, `INSERT INTO stepready.steps (task_id, name, handler,
+								concurrency_key, concurrency_limit)
+								SELECT 2, 's' || g, 'h', $1, 100000 FROM generate_series(1, 20) g`, keys[1]); err != nil {
+								errs <- err
+								return
+							}
+						}
+						rows, err := b.db.Pool.Query(ctx, `SELECT step_id, task_id, attempt
+							FROM stepready.claim_and_start_steps($1, $2, 60000, $3)`, 2-len(running), worker, lcBase)
+						if err != nil {
+							errs <- err
+							return
+						}
+						var id, task int64
+						var attempt int
+						_, err = pgx.ForEachRow(rows, []any{&id, &task, &attempt}, func() error {
+							running = append(running, held{id, attempt})
+							mu.Lock()
+							starts = append(starts, task)
+							if task == 2 {
+								smallStarts++
+							}
+							mu.Unlock()
+							return nil
+						})
+						if err != nil {
+							errs <- err
+							return
+						}
+						// The oldest attempt ends: a slot is free again.
+						if len(running) > 0 {
+							if _, err := b.db.Pool.Exec(ctx, `SELECT stepready.complete_step($1, $2, '{}', $3)`,
+								running[0].id, running[0].attempt, lcBase); err != nil {
+								errs <- err
+								return
+							}
+							running = running[1:]
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			close(errs)
+			for err := range errs {
+				require.NoError(t, err)
+			}
+			require.NoError(t, ctx.Err())
+			busyStarts := 0
+			for _, task := range starts[arrived:] {
+				if task == 1 {
+					busyStarts++
+				}
+			}
+			t.Logf("busy starts while the small key's 20 started: %d (%v)", busyStarts, starts[arrived:])
+			require.LessOrEqual(t, busyStarts, 2*20+2,
+				"the busy key took %d starts before the small key's 20 were done", busyStarts)
 		})
 	}
 }
