@@ -9,6 +9,14 @@ import (
 	"github.com/stepready/stepready/internal/readmodel"
 )
 
+// waitingText is a key's waiting count, "N+" when flow_status stopped counting at its share of the read budget.
+func waitingText(k readmodel.FlowKey) string {
+	if k.WaitingCapped {
+		return strconv.Itoa(k.Waiting) + "+"
+	}
+	return strconv.Itoa(k.Waiting)
+}
+
 // genericTable is a table of text cells (the flow page's).
 type genericTable struct {
 	Exists  bool
@@ -51,7 +59,7 @@ func (c *Console) flowPage(w http.ResponseWriter, r *http.Request) {
 			override = "yes"
 		}
 		t.Rows = append(t.Rows, []string{k.Key, conc, strconv.Itoa(k.InFlight), rate, tokens, next,
-			strconv.Itoa(k.Waiting), blocked, override})
+			waitingText(k), blocked, override})
 	}
 	c.render(w, r, "table", "Flow limits", "flow", t)
 }

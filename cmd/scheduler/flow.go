@@ -74,8 +74,12 @@ func newFlowListCommand(o *dbOptions) *cobra.Command {
 					if blocked == "" {
 						blocked = "-"
 					}
-					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%d\t%s\t%s\n", termSafe(k.Key), conc, k.InFlight, rate, tokens,
-						next, k.Waiting, termSafe(blocked), override)
+					waiting := strconv.Itoa(k.Waiting)
+					if k.WaitingCapped {
+						waiting += "+" // flow_status stopped counting at the key's share of its read budget
+					}
+					fmt.Fprintf(tw, "%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\t%s\n", termSafe(k.Key), conc, k.InFlight, rate, tokens,
+						next, waiting, termSafe(blocked), override)
 				}
 				return tw.Flush()
 			})

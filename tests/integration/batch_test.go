@@ -15,9 +15,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// lcStarted is one row of start_steps or claim_and_start_steps (the columns both have). Attempt is the fencing
+// startedRow is one row of start_steps or claim_and_start_steps (the columns both have). Attempt is the fencing
 // token, AttemptNumber the attempt's number within its iteration.
-type lcStarted struct {
+type startedRow struct {
 	StepID        int64
 	Attempt       *int
 	AttemptNumber *int
@@ -28,15 +28,15 @@ type lcStarted struct {
 }
 
 // startSteps calls start_steps and returns its rows by step id.
-func (b *lcBundle) startSteps(ids []int64, asOf time.Time) map[int64]lcStarted {
+func (b *lifecycleBundle) startSteps(ids []int64, asOf time.Time) map[int64]startedRow {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id, attempt, attempt_number, iteration, input::text AS input,
 		context::text AS context, rules::text AS rules FROM stepready.start_steps($1, $2, $3, $4)`,
-		ids, lcWorker, lcLeaseMs, asOf)
+		ids, testWorker, testLeaseMs, asOf)
 	require.NoError(b.t, err)
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[lcStarted])
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[startedRow])
 	require.NoError(b.t, err)
-	byID := map[int64]lcStarted{}
+	byID := map[int64]startedRow{}
 	for _, r := range got {
 		_, dup := byID[r.StepID]
 		require.False(b.t, dup, "start_steps returned step %d twice", r.StepID)
@@ -47,7 +47,7 @@ func (b *lcBundle) startSteps(ids []int64, asOf time.Time) map[int64]lcStarted {
 }
 
 // completeSteps calls complete_steps and returns completed by step id.
-func (b *lcBundle) completeSteps(ids []int64, attempts []int, outputs []string, asOf time.Time) (map[int64]bool, error) {
+func (b *lifecycleBundle) completeSteps(ids []int64, attempts []int, outputs []string, asOf time.Time) (map[int64]bool, error) {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id, completed FROM stepready.complete_steps($1, $2, $3::jsonb[], $4)`,
 		ids, attempts, outputs, asOf)
@@ -69,18 +69,18 @@ func (b *lcBundle) completeSteps(ids []int64, attempts []int, outputs []string, 
 }
 
 // claimAndStart calls claim_and_start_steps and returns its rows in order.
-func (b *lcBundle) claimAndStart(limit int, asOf time.Time) []lcStarted {
+func (b *lifecycleBundle) claimAndStart(limit int, asOf time.Time) []startedRow {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id, attempt, attempt_number, iteration, input::text AS input,
 		context::text AS context, rules::text AS rules FROM stepready.claim_and_start_steps($1, $2, $3, $4)`,
-		limit, lcWorker, lcLeaseMs, asOf)
+		limit, testWorker, testLeaseMs, asOf)
 	require.NoError(b.t, err)
-	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[lcStarted])
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByName[startedRow])
 	require.NoError(b.t, err)
 	return got
 }
 
-func lcStartedIDs(rows []lcStarted) []int64 {
+func startedIDs(rows []startedRow) []int64 {
 	ids := make([]int64, len(rows))
 	for i, r := range rows {
 		ids[i] = r.StepID
@@ -88,19 +88,19 @@ func lcStartedIDs(rows []lcStarted) []int64 {
 	return ids
 }
 
-// lcEventShape is an event without its id and time: what two equivalent histories share.
-type lcEventShape struct {
+// eventShape is an event without its id and time: what two equivalent histories share.
+type eventShape struct {
 	Event, From, To string
 	Attempt         int
 	Details         string
 }
 
-func lcShapes(evs []lcEvent) []lcEventShape {
-	out := make([]lcEventShape, len(evs))
+func shapesOf(evs []lifecycleEvent) []eventShape {
+	out := make([]eventShape, len(evs))
 	for i, e := range evs {
 		d, _ := json.Marshal(e.Details)
-		out[i] = lcEventShape{Event: e.Event, From: lcDeref(e.FromState), To: lcDeref(e.ToState),
-			Attempt: lcDeref(e.Attempt), Details: string(d)}
+		out[i] = eventShape{Event: e.Event, From: deref(e.FromState), To: deref(e.ToState),
+			Attempt: deref(e.Attempt), Details: string(d)}
 	}
 	return out
 }
@@ -110,38 +110,38 @@ func lcShapes(evs []lcEvent) []lcEventShape {
 // fencing token complete_step accepts.
 func TestClaimAndStartStepsEqualsClaimThenStart(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 	def := `{"name": "t", "priority": 3, "context": {"tenant": 7}, "steps": [
 		{"name": "fresh", "handler": "fetch", "input": {"url": "u"}, "timeout_ms": 5000, "queue": "q1",
 		 "rules": [{"when": "true", "then": {"do": "fail"}}]},
 		{"name": "retry", "handler": "load", "priority": -1},
 		{"name": "child", "handler": "h", "depends_on": ["fresh"]}]}`
-	prepare := func(b *lcBundle) (int64, map[string]int64) {
+	prepare := func(b *lifecycleBundle) (int64, map[string]int64) {
 		taskID, ids := b.task(def)
 		b.retryOnce(ids["retry"], `{"class": "transient"}`, at.Add(-time.Hour))
 		b.exec(`UPDATE stepready.tasks SET status = 'pending' WHERE id = $1`, taskID) // as if never claimed
 		return taskID, ids
 	}
 
-	two := lcSetup(t)
+	two := lifecycleSetup(t)
 	taskA, idsA := prepare(two)
 	claimed := two.claim(10, at)
-	require.Equal(t, []int64{idsA["fresh"], idsA["retry"]}, lcClaimedIDs(claimed))
+	require.Equal(t, []int64{idsA["fresh"], idsA["retry"]}, claimedIDs(claimed))
 	for _, c := range claimed {
 		require.NotNil(t, two.start(c.StepID, at))
 	}
 
-	one := lcSetup(t)
+	one := lifecycleSetup(t)
 	taskB, idsB := prepare(one)
 	got := one.claimAndStart(10, at)
-	require.Equal(t, []int64{idsB["fresh"], idsB["retry"]}, lcStartedIDs(got), "claim order")
-	require.Equal(t, 1, lcDeref(got[0].Attempt))
-	require.Equal(t, 2, lcDeref(got[1].Attempt), "the retry is the second attempt")
-	require.Equal(t, `{"url": "u"}`, lcDeref(got[0].Input))
-	require.Equal(t, `{"tenant": 7}`, lcDeref(got[0].Context))
-	require.JSONEq(t, `[{"when": "true", "then": {"do": "fail"}}]`, lcDeref(got[0].Rules))
+	require.Equal(t, []int64{idsB["fresh"], idsB["retry"]}, startedIDs(got), "claim order")
+	require.Equal(t, 1, deref(got[0].Attempt))
+	require.Equal(t, 2, deref(got[1].Attempt), "the retry is the second attempt")
+	require.Equal(t, `{"url": "u"}`, deref(got[0].Input))
+	require.Equal(t, `{"tenant": 7}`, deref(got[0].Context))
+	require.JSONEq(t, `[{"when": "true", "then": {"do": "fail"}}]`, deref(got[0].Rules))
 	require.Nil(t, got[1].Rules)
-	require.Equal(t, 0, lcDeref(got[0].Iteration))
+	require.Equal(t, 0, deref(got[0].Iteration))
 
 	one.requireStatus(taskB, "in_progress")
 	two.requireStatus(taskA, "in_progress")
@@ -149,7 +149,7 @@ func TestClaimAndStartStepsEqualsClaimThenStart(t *testing.T) {
 		sa, sb := two.step(idsA[name]), one.step(idsB[name])
 		sa.ID, sa.TaskID, sb.ID, sb.TaskID = 0, 0, 0, 0
 		require.Equal(t, sa, sb, "step %s", name)
-		require.Equal(t, lcShapes(two.events(idsA[name])), lcShapes(one.events(idsB[name])), "events of %s", name)
+		require.Equal(t, shapesOf(two.events(idsA[name])), shapesOf(one.events(idsB[name])), "events of %s", name)
 	}
 	require.Equal(t, "in_progress", one.step(idsB["fresh"]).State)
 	require.True(t, one.complete(idsB["fresh"], 1, `{}`, at), "the returned attempt fences complete_step")
@@ -166,22 +166,22 @@ func TestClaimAndStartStepsLimitAndArguments(t *testing.T) {
 		param   string // "" = no error
 		want    int
 	}{
-		{"limit 0", 0, lcWorker, lcLeaseMs, "", 0},
-		{"limit 2 of 3", 2, lcWorker, lcLeaseMs, "", 2},
-		{"limit 4 of 3", 4, lcWorker, lcLeaseMs, "", 3},
-		{"negative limit", -1, lcWorker, lcLeaseMs, "p_limit", 0},
-		{"zero lease", 1, lcWorker, 0, "p_lease_ms", 0},
-		{"empty worker", 1, "", lcLeaseMs, "p_worker", 0},
+		{"limit 0", 0, testWorker, testLeaseMs, "", 0},
+		{"limit 2 of 3", 2, testWorker, testLeaseMs, "", 2},
+		{"limit 4 of 3", 4, testWorker, testLeaseMs, "", 3},
+		{"negative limit", -1, testWorker, testLeaseMs, "p_limit", 0},
+		{"zero lease", 1, testWorker, 0, "p_lease_ms", 0},
+		{"empty worker", 1, "", testLeaseMs, "p_worker", 0},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, _ := b.task(`{"name": "t", "steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h"},
 				{"name": "c", "handler": "h"}]}`)
 			before := b.taskSnapshot(taskID)
 			rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id FROM stepready.claim_and_start_steps($1, $2, $3, $4)`,
-				tc.limit, tc.worker, tc.leaseMs, lcBase)
+				tc.limit, tc.worker, tc.leaseMs, testBase)
 			if err == nil {
 				var ids []int64
 				ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
@@ -190,7 +190,7 @@ func TestClaimAndStartStepsLimitAndArguments(t *testing.T) {
 				}
 			}
 			if tc.param != "" {
-				lcRequireSQLState(t, err, "22023", tc.param)
+				requireSQLState(t, err, "22023", tc.param)
 				require.Equal(t, before, b.taskSnapshot(taskID))
 				return
 			}
@@ -207,8 +207,8 @@ func TestClaimAndStartStepsLimitAndArguments(t *testing.T) {
 // a change of the task's priority reaches its waiting steps at once and an in-flight step when it comes back.
 func TestClaimOrderFollowsTaskPriority(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	taskA, a := b.task(`{"name": "A", "priority": 1, "steps": [{"name": "a1", "handler": "h"},
 		{"name": "a2", "handler": "h"}]}`)
 	taskB, bb := b.task(`{"name": "B", "priority": 2, "steps": [{"name": "b1", "handler": "h"}]}`)
@@ -232,20 +232,20 @@ func TestClaimOrderFollowsTaskPriority(t *testing.T) {
 // neither blocks nor precedes the due steps of later groups; once due it comes first again.
 func TestClaimSkipsStepsWaitingInHigherPriorityGroups(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 	cases := []struct {
 		name  string
 		delay time.Duration // of the high-priority step's backoff, relative to the claim
 		first bool          // whether it is claimed, and first
 	}{
-		{"due 1us after as_of", lcTick, false},
+		{"due 1us after as_of", tick, false},
 		{"due exactly at as_of", 0, true},
-		{"due 1us before as_of", -lcTick, true},
+		{"due 1us before as_of", -tick, true},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			_, hi := b.task(`{"name": "hi", "priority": 5, "steps": [{"name": "h", "handler": "h", "priority": 3},
 				{"name": "h2", "handler": "h"}]}`)
 			_, lo := b.task(`{"name": "lo", "priority": 0, "steps": [{"name": "l", "handler": "h"}]}`)
@@ -256,15 +256,15 @@ func TestClaimSkipsStepsWaitingInHigherPriorityGroups(t *testing.T) {
 			if tc.first {
 				want = []int64{hi["h"], lo["l"]}
 			}
-			require.Equal(t, want, lcClaimedIDs(b.claim(10, at)))
+			require.Equal(t, want, claimedIDs(b.claim(10, at)))
 		})
 	}
 }
 
 func TestStartStepsMixedBatch(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	_, ids := b.task(`{"name": "t", "context": {"k": 1}, "steps": [{"name": "go", "handler": "h", "input": {"n": 1}},
 		{"name": "pending", "handler": "h"}, {"name": "running", "handler": "h"}]}`)
 	pausedTask, paused := b.oneStep("")
@@ -277,18 +277,18 @@ func TestStartStepsMixedBatch(t *testing.T) {
 
 	got := b.startSteps([]int64{missing, ids["running"], paused, ids["pending"], ids["go"]}, at)
 
-	require.Equal(t, 1, lcDeref(got[ids["go"]].Attempt))
-	require.Equal(t, `{"n": 1}`, lcDeref(got[ids["go"]].Input))
-	require.Equal(t, `{"k": 1}`, lcDeref(got[ids["go"]].Context))
+	require.Equal(t, 1, deref(got[ids["go"]].Attempt))
+	require.Equal(t, `{"n": 1}`, deref(got[ids["go"]].Input))
+	require.Equal(t, `{"k": 1}`, deref(got[ids["go"]].Context))
 	s := b.step(ids["go"])
 	require.Equal(t, "in_progress", s.State)
 	require.Equal(t, 1, s.Attempts)
-	lcRequireTime(t, at, s.LastAttemptedAt, "last_attempted_at")
-	lcRequireTime(t, at.Add(lcLease), s.LeaseExpiresAt, "lease_expires_at")
+	requireTime(t, at, s.LastAttemptedAt, "last_attempted_at")
+	requireTime(t, at.Add(testLease), s.LeaseExpiresAt, "lease_expires_at")
 	ev := b.lastEvents(ids["go"], 1)[0]
 	require.Equal(t, "attempt.started", ev.Event)
-	require.Equal(t, 1, lcDeref(ev.Attempt))
-	require.Equal(t, lcWorker, ev.Details["worker"])
+	require.Equal(t, 1, deref(ev.Attempt))
+	require.Equal(t, testWorker, ev.Details["worker"])
 
 	for _, id := range []int64{missing, ids["running"], paused, ids["pending"]} {
 		require.Nil(t, got[id].Attempt, "step %d must not run", id)
@@ -347,12 +347,12 @@ func TestBatchFunctionsRejectBadArguments(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, id := b.oneStep("")
-			b.run(id, lcBase)
+			b.run(id, testBase)
 			before := b.taskSnapshot(taskID)
 			_, err := b.db.Pool.Exec(b.ctx, tc.sql, tc.args(id)...)
-			lcRequireSQLState(t, err, "22023", tc.param)
+			requireSQLState(t, err, "22023", tc.param)
 			require.Equal(t, before, b.taskSnapshot(taskID), "nothing changed")
 		})
 	}
@@ -360,8 +360,8 @@ func TestBatchFunctionsRejectBadArguments(t *testing.T) {
 
 func TestCompleteStepsFencesEachEntry(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	taskID, ids := b.task(`{"name": "t", "steps": [{"name": "ok", "handler": "h"}, {"name": "stale", "handler": "h"},
 		{"name": "queued", "handler": "h"}, {"name": "done", "handler": "h"}, {"name": "waiting", "handler": "h"}]}`)
 	b.run(ids["ok"], at)
@@ -387,13 +387,13 @@ func TestCompleteStepsFencesEachEntry(t *testing.T) {
 	}
 	s := b.step(ids["ok"])
 	require.Equal(t, "complete", s.State)
-	require.JSONEq(t, `{"v": 42}`, lcDeref(s.Output))
-	lcRequireTime(t, at.Add(time.Second), s.CompletedAt, "completed_at")
+	require.JSONEq(t, `{"v": 42}`, deref(s.Output))
+	requireTime(t, at.Add(time.Second), s.CompletedAt, "completed_at")
 	require.Nil(t, s.LeaseOwner)
 	evs := b.lastEvents(ids["ok"], 2)
-	require.Equal(t, []string{"attempt.succeeded", "step.completed"}, lcEventNames(evs))
+	require.Equal(t, []string{"attempt.succeeded", "step.completed"}, eventNames(evs))
 	for _, e := range evs {
-		require.Equal(t, 1, lcDeref(e.Attempt))
+		require.Equal(t, 1, deref(e.Attempt))
 		require.True(t, at.Add(time.Second).Equal(e.At))
 	}
 	b.requireStatus(taskID, "in_progress")
@@ -404,8 +404,8 @@ func TestCompleteStepsFencesEachEntry(t *testing.T) {
 // ready, and the collect mode of each step.
 func TestCompleteStepsAcrossTasks(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcPast // notifications compare next_attempt_at with the real clock
+	b := lifecycleSetup(t)
+	at := pastTime // notifications compare next_attempt_at with the real clock
 	diamond, d := b.task(`{"name": "diamond", "steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h"},
 		{"name": "join", "handler": "h", "depends_on": ["a", "b"]}]}`)
 	single, s := b.task(`{"name": "single", "steps": [{"name": "only", "handler": "h", "collect": "append"}]}`)
@@ -427,7 +427,7 @@ func TestCompleteStepsAcrossTasks(t *testing.T) {
 	}
 
 	b.requireStatus(single, "complete")
-	require.JSONEq(t, `[3]`, lcDeref(b.step(s["only"]).Output), "collect append")
+	require.JSONEq(t, `[3]`, deref(b.step(s["only"]).Output), "collect append")
 	b.requireStatus(diamond, "in_progress")
 	b.requireStatus(chain, "in_progress")
 	b.requireStatus(half, "in_progress")
@@ -440,11 +440,11 @@ func TestCompleteStepsAcrossTasks(t *testing.T) {
 	// One notification per task with a newly ready step, in any order; none for the others.
 	l.sentinel()
 	var payloads []string
-	for p := l.next(); p != lcSentinel; p = l.next() {
+	for p := l.next(); p != sentinelPayload; p = l.next() {
 		payloads = append(payloads, p)
 	}
 	sort.Strings(payloads)
-	want := []string{lcItoa(diamond), lcItoa(chain)}
+	want := []string{itoa(diamond), itoa(chain)}
 	sort.Strings(want)
 	require.Equal(t, want, payloads)
 
@@ -462,14 +462,14 @@ func TestCompleteStepsAcrossTasks(t *testing.T) {
 // statement (the caller then records the entries one by one).
 func TestCompleteStepsCollectErrorChangesNothing(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	taskID, ids := b.task(`{"name": "t", "steps": [{"name": "m", "handler": "h", "collect": "merge"},
 		{"name": "ok", "handler": "h"}]}`)
-	b.run(ids["m"], lcBase)
-	b.run(ids["ok"], lcBase)
+	b.run(ids["m"], testBase)
+	b.run(ids["ok"], testBase)
 	before := b.taskSnapshot(taskID)
-	_, err := b.completeSteps([]int64{ids["ok"], ids["m"]}, []int{1, 1}, []string{`{}`, `[1]`}, lcBase)
-	lcRequireSQLState(t, err, "22023", "collect = merge")
+	_, err := b.completeSteps([]int64{ids["ok"], ids["m"]}, []int{1, 1}, []string{`{}`, `[1]`}, testBase)
+	requireSQLState(t, err, "22023", "collect = merge")
 	require.Equal(t, before, b.taskSnapshot(taskID))
 }
 
@@ -477,15 +477,15 @@ func TestCompleteStepsCollectErrorChangesNothing(t *testing.T) {
 // (a stale worker and the current one) neither deadlock nor complete a step twice.
 func TestConcurrentBatchesOverlappingSteps(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	_, ids := b.task(`{"name": "t", "steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h"},
 		{"name": "c", "handler": "h"}]}`)
 	for _, n := range []string{"a", "b", "c"} {
-		b.run(ids[n], lcBase)
+		b.run(ids[n], testBase)
 	}
 	orders := [][]int64{{ids["a"], ids["b"], ids["c"]}, {ids["c"], ids["b"], ids["a"]}}
 	completed := make([]int, 2)
-	err := lcParallel(b.ctx, b.db.Pool, 2, func(i int, conn *pgxpool.Conn) error {
+	err := runParallel(b.ctx, b.db.Pool, 2, func(i int, conn *pgxpool.Conn) error {
 		rows, err := conn.Query(b.ctx, `SELECT completed FROM stepready.complete_steps($1, '{1,1,1}', '{"{}","{}","{}"}')`,
 			orders[i])
 		if err != nil {
@@ -520,11 +520,11 @@ func TestEventsGoWithTheirTaskOrStep(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, ids := b.task(`{"name": "t", "steps": [{"name": "s", "handler": "h"}, {"name": "s2", "handler": "h"}]}`)
 			otherTask, other := b.oneStep("")
-			b.runToComplete(ids["s"], `{}`, lcBase)
-			b.runToComplete(other, `{}`, lcBase)
+			b.runToComplete(ids["s"], `{}`, testBase)
+			b.runToComplete(other, `{}`, testBase)
 			b.exec(`SELECT stepready.pause_task($1)`, taskID)
 			otherEvents := b.intCall(`SELECT count(*) FROM stepready.step_events WHERE task_id = $1`, otherTask)
 			require.Positive(t, otherEvents)
@@ -537,23 +537,23 @@ func TestEventsGoWithTheirTaskOrStep(t *testing.T) {
 	}
 	t.Run("truncate", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		_, id := b.oneStep("")
-		b.runToComplete(id, `{}`, lcBase)
+		b.runToComplete(id, `{}`, testBase)
 		require.Positive(t, b.intCall(`SELECT count(*) FROM stepready.step_events`))
 		b.exec(`TRUNCATE stepready.tasks CASCADE`)
 		require.Zero(t, b.intCall(`SELECT count(*) FROM stepready.step_events`))
 	})
 }
 
-func lcItoa(n int64) string { return strconv.FormatInt(n, 10) }
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
 
 // TestFailStepsDecidesEachEntryAsFailStep runs one failure per step through fail_steps in a single call and the
 // same failures one by one through fail_step on an identical fixture: every step, every event and every task
 // must come out the same (the decision itself is pinned by TestFailStepDecision, through fail_step).
 func TestFailStepsDecidesEachEntryAsFailStep(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 	def := `{"name": "t", "steps": [
 		{"name": "retry", "handler": "h", "retry": {"backoff": "linear", "base_delay_ms": 100, "jitter": 0.5}},
 		{"name": "after", "handler": "h", "retry": {"max_attempts": 5}},
@@ -577,7 +577,7 @@ func TestFailStepsDecidesEachEntryAsFailStep(t *testing.T) {
 		{"exhaust", `{"class": "timeout", "retry": {"max_attempts": 2}}`, 1, 0.9},
 		{"stale", `{"class": "transient"}`, 7, 0},
 	}
-	prepare := func(b *lcBundle) (int64, map[string]int64) {
+	prepare := func(b *lifecycleBundle) (int64, map[string]int64) {
 		taskID, ids := b.task(def)
 		for _, e := range entries {
 			b.run(ids[e.name], at)
@@ -585,14 +585,14 @@ func TestFailStepsDecidesEachEntryAsFailStep(t *testing.T) {
 		return taskID, ids
 	}
 
-	one := lcSetup(t)
+	one := lifecycleSetup(t)
 	taskA, idsA := prepare(one)
-	single := map[string]lcFail{}
+	single := map[string]failResult{}
 	for _, e := range entries {
 		single[e.name] = one.fail(idsA[e.name], e.attempt, e.err, at, e.sample)
 	}
 
-	batch := lcSetup(t)
+	batch := lifecycleSetup(t)
 	taskB, idsB := prepare(batch)
 	ids := make([]int64, len(entries))
 	attempts := make([]int, len(entries))
@@ -604,9 +604,9 @@ func TestFailStepsDecidesEachEntryAsFailStep(t *testing.T) {
 	rows, err := batch.db.Pool.Query(batch.ctx, `SELECT step_id, state, next_attempt_at, reason
 		FROM stepready.fail_steps($1, $2, $3::jsonb[], $4, $5)`, ids, attempts, errs, at, samples)
 	require.NoError(t, err)
-	got := map[int64]lcFail{}
+	got := map[int64]failResult{}
 	var id int64
-	var r lcFail
+	var r failResult
 	_, err = pgx.ForEachRow(rows, []any{&id, &r.State, &r.NextAttemptAt, &r.Reason}, func() error {
 		got[id] = r
 		return nil
@@ -614,9 +614,9 @@ func TestFailStepsDecidesEachEntryAsFailStep(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, got, len(entries))
 
-	require.Equal(t, "stale_attempt", lcDeref(single["stale"].Reason))
-	require.Equal(t, "skipped", lcDeref(single["cascade"].State))
-	require.Equal(t, "waiting_for_retry", lcDeref(single["exhaust"].State), "the override grants the retry")
+	require.Equal(t, "stale_attempt", deref(single["stale"].Reason))
+	require.Equal(t, "skipped", deref(single["cascade"].State))
+	require.Equal(t, "waiting_for_retry", deref(single["exhaust"].State), "the override grants the retry")
 	for _, e := range entries {
 		require.Equal(t, single[e.name], got[idsB[e.name]], "result of %s", e.name)
 	}
@@ -624,7 +624,7 @@ func TestFailStepsDecidesEachEntryAsFailStep(t *testing.T) {
 		sa, sb := one.step(idsA[name]), batch.step(idsB[name])
 		sa.ID, sa.TaskID, sb.ID, sb.TaskID = 0, 0, 0, 0
 		require.Equal(t, sa, sb, "step %s", name)
-		require.Equal(t, lcShapes(one.events(idsA[name])), lcShapes(batch.events(idsB[name])), "events of %s", name)
+		require.Equal(t, shapesOf(one.events(idsA[name])), shapesOf(batch.events(idsB[name])), "events of %s", name)
 	}
 	require.Equal(t, one.taskRow(taskA).Status, batch.taskRow(taskB).Status)
 	require.Equal(t, "skipped", batch.step(idsB["below"]).State, "skip_cascade reached the descendant")

@@ -7,14 +7,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// lcBookkeepingViolations lists every step row that breaks one of the bookkeeping invariants kept by the steps
+// bookkeepingViolations lists every step row that breaks one of the bookkeeping invariants kept by the steps
 // BEFORE UPDATE trigger, or by the hot-path functions in its place (the trigger's WHEN clause skips rows whose
 // update already did the work):
 //   - completed_at is set exactly when the state is terminal;
 //   - a lease (owner and expiry) is held exactly while the step is enqueued or in_progress;
 //   - a step in a claimable state carries its task's hold (paused, or status not pending/in_progress) and priority;
 //   - updated_at has moved whenever the row changed since the snapshot `before` (ids and updated_at).
-func (b *lcBundle) lcBookkeepingViolations(before map[int64]time.Time, snapshots map[int64]string) []string {
+func (b *lifecycleBundle) bookkeepingViolations(before map[int64]time.Time, snapshots map[int64]string) []string {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx, `
 		SELECT s.id, s.updated_at, row(s.*)::text,
@@ -60,12 +60,12 @@ func (b *lcBundle) lcBookkeepingViolations(before map[int64]time.Time, snapshots
 // own transaction, and checks the bookkeeping invariants of every row after each one.
 func TestStepBookkeepingInvariants(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	before, snaps := map[int64]time.Time{}, map[int64]string{}
 	check := func(what string) {
 		t.Helper()
-		require.Empty(t, b.lcBookkeepingViolations(before, snaps), "after %s", what)
+		require.Empty(t, b.bookkeepingViolations(before, snaps), "after %s", what)
 	}
 
 	task, ids := b.task(`{"name": "book", "priority": 3, "retry": {"max_attempts": 3, "backoff": "fixed", "base_delay_ms": 0},
@@ -118,17 +118,17 @@ func TestStepBookkeepingInvariants(t *testing.T) {
 	check("claim_and_start_steps (b, poll)")
 	require.Equal(t, "skipped", *b.fail(ids["b"], 1, `{"class": "transient"}`, at, 0).State)
 	check("fail_step (skip_cascade)")
-	require.Equal(t, 1, b.reap(at.Add(lcLease+time.Second), 100))
+	require.Equal(t, 1, b.reap(at.Add(testLease+time.Second), 100))
 	check("reap_expired_leases (in_progress)")
 
 	// Operators: retry now, resolve, reset, cancel.
-	require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, ids["poll"], at.Add(lcLease+time.Second)))
+	require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, ids["poll"], at.Add(testLease+time.Second)))
 	check("retry_step_now")
-	require.True(t, b.boolCall(`SELECT stepready.resolve_step($1, '{"by": "hand"}', $2)`, ids["c"], at.Add(2*lcLease)))
+	require.True(t, b.boolCall(`SELECT stepready.resolve_step($1, '{"by": "hand"}', $2)`, ids["c"], at.Add(2*testLease)))
 	check("resolve_step")
-	b.intCall(`SELECT stepready.reset_task($1, $2)`, task, at.Add(2*lcLease))
+	b.intCall(`SELECT stepready.reset_task($1, $2)`, task, at.Add(2*testLease))
 	check("reset_task")
-	b.intCall(`SELECT stepready.cancel_task($1, 'enough', $2)`, task, at.Add(2*lcLease))
+	b.intCall(`SELECT stepready.cancel_task($1, 'enough', $2)`, task, at.Add(2*testLease))
 	check("cancel_task")
 
 	// A plain UPDATE by hand keeps the invariants too (the trigger does the work the statement left out).
@@ -153,8 +153,8 @@ func TestStepBookkeepingInvariants(t *testing.T) {
 // leaves the bookkeeping to it still calls it. Each call runs in its own transaction, as the daemon's do.
 func TestHotPathSkipsTheRowTrigger(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	for range 3 {
 		b.task(`{"name": "hot", "steps": [{"name": "s", "handler": "h"}, {"name": "t", "handler": "h"}]}`)
 	}

@@ -105,7 +105,7 @@ func stepDef(step boundCase) string {
 
 func TestDefinitionBoundsOnEveryPath(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	for _, tt := range boundCases {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
@@ -171,7 +171,7 @@ func uniqValues(column, value string) []string {
 // overrides, presets, task retry defaults and run_at, due times, and rows at each bound itself.
 func TestDefinitionBoundsOfOtherTables(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	taskID := b.insertTask("plain")
 
 	// Flow control columns of a plain INSERT, checked after placeholders are substituted.
@@ -225,7 +225,7 @@ func TestDefinitionBoundsOfOtherTables(t *testing.T) {
 // refused then, naming the step.
 func TestTemplateContextBeyondABound(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	b.exec(`INSERT INTO stepready.task_templates (name, definition) VALUES ('tpl', $1)`,
 		`{"context": {"t": "x"}, "steps": [{"name": "a", "handler": "noop",
 		  "concurrency": {"key": "tenant:${context.t}", "limit": 1}}]}`)
@@ -241,7 +241,7 @@ func TestTemplateContextBeyondABound(t *testing.T) {
 // CHECK constraint.
 func TestQueueNameRuleIsRiversOwn(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	ctx := t.Context()
 	stepID := b.insertStep(b.insertTask("q"), "s")
 

@@ -14,22 +14,22 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// p1PlanNode is one node of an EXPLAIN (FORMAT JSON) plan, with the fields used here.
-type p1PlanNode struct {
-	NodeType        string       `json:"Node Type"`
-	RelationName    string       `json:"Relation Name"`
-	IndexName       string       `json:"Index Name"`
-	ActualRows      float64      `json:"Actual Rows"`
-	ActualLoops     float64      `json:"Actual Loops"`
-	RemovedByFilter float64      `json:"Rows Removed by Filter"`
-	RemovedByCheck  float64      `json:"Rows Removed by Index Recheck"`
-	SharedHit       float64      `json:"Shared Hit Blocks"`
-	SharedRead      float64      `json:"Shared Read Blocks"`
-	Plans           []p1PlanNode `json:"Plans"`
+// planNode is one node of an EXPLAIN (FORMAT JSON) plan, with the fields used here.
+type planNode struct {
+	NodeType        string     `json:"Node Type"`
+	RelationName    string     `json:"Relation Name"`
+	IndexName       string     `json:"Index Name"`
+	ActualRows      float64    `json:"Actual Rows"`
+	ActualLoops     float64    `json:"Actual Loops"`
+	RemovedByFilter float64    `json:"Rows Removed by Filter"`
+	RemovedByCheck  float64    `json:"Rows Removed by Index Recheck"`
+	SharedHit       float64    `json:"Shared Hit Blocks"`
+	SharedRead      float64    `json:"Shared Read Blocks"`
+	Plans           []planNode `json:"Plans"`
 }
 
 // String renders the plan compactly: node type, index and relation, actual rows × loops and filtered rows.
-func (n p1PlanNode) String() string {
+func (n planNode) String() string {
 	var sb strings.Builder
 	sb.WriteString(n.NodeType)
 	if n.IndexName != "" {
@@ -55,31 +55,31 @@ func (n p1PlanNode) String() string {
 	return sb.String()
 }
 
-func (n p1PlanNode) walk(visit func(p1PlanNode)) {
+func (n planNode) walk(visit func(planNode)) {
 	visit(n)
 	for _, c := range n.Plans {
 		c.walk(visit)
 	}
 }
 
-// p1Explain runs EXPLAIN with the given options and returns the root plan node and a one-line rendering of it.
-func p1Explain(t *testing.T, q interface {
+// explainPlan runs EXPLAIN with the given options and returns the root plan node and a one-line rendering of it.
+func explainPlan(t *testing.T, q interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
-}, options, query string) (p1PlanNode, string) {
+}, options, query string) (planNode, string) {
 	t.Helper()
 	var raw []byte
 	require.NoError(t, q.QueryRow(t.Context(), "EXPLAIN ("+options+", FORMAT JSON) "+query).Scan(&raw))
 	var doc []struct {
-		Plan p1PlanNode `json:"Plan"`
+		Plan planNode `json:"Plan"`
 	}
 	require.NoError(t, json.Unmarshal(raw, &doc), string(raw))
 	require.Len(t, doc, 1)
 	return doc[0].Plan, doc[0].Plan.String()
 }
 
-// p1StepsTuplesRead is every tuple read from stepready.steps so far, as the cumulative statistics count them:
+// stepsTuplesRead is every tuple read from stepready.steps so far, as the cumulative statistics count them:
 // sequential-scan tuples plus index entries read through every index of the table.
-func p1StepsTuplesRead(t *testing.T, conn *pgx.Conn) int64 {
+func stepsTuplesRead(t *testing.T, conn *pgx.Conn) int64 {
 	t.Helper()
 	// Flush this backend's pending counters; the flush happens when the backend goes idle after this command.
 	_, err := conn.Exec(t.Context(), `SELECT pg_catalog.pg_stat_force_next_flush()`)
@@ -94,12 +94,12 @@ func p1StepsTuplesRead(t *testing.T, conn *pgx.Conn) int64 {
 	return n
 }
 
-// p1ClaimCandidatesQuery returns the candidate query of stepready._claim_pick_rows (the picking half of
+// claimCandidatesQuery returns the candidate query of stepready._claim_pick_rows (the picking half of
 // claim_ready_steps and claim_and_start_steps) as installed in the database (read from pg_proc, so that it never
 // drifts from sql/060_claim.sql): the parenthesized SELECT that locks the candidate steps of one (task priority,
 // step priority) group FOR UPDATE … SKIP LOCKED, with p_as_of, the group (priorities 0, those of the fixture)
 // and the remaining limit replaced by literals.
-func p1ClaimCandidatesQuery(t *testing.T, conn *pgx.Conn, asOf time.Time, limit int) string {
+func claimCandidatesQuery(t *testing.T, conn *pgx.Conn, asOf time.Time, limit int) string {
 	t.Helper()
 	var src string
 	require.NoError(t, conn.QueryRow(t.Context(), `SELECT prosrc FROM pg_catalog.pg_proc
@@ -150,9 +150,9 @@ func p1ClaimCandidatesQuery(t *testing.T, conn *pgx.Conn, asOf time.Time, limit 
 	return query
 }
 
-// p1ClaimFixture is the shape of a database for the claim-cost test. Every shape holds exactly `ready` ready
+// claimFixture is the shape of a database for the claim-cost test. Every shape holds exactly `ready` ready
 // steps: one root step of each of `ready` small tasks made with create_task.
-type p1ClaimFixture struct {
+type claimFixture struct {
 	name                       string
 	doneTasks, doneSteps       int // finished tasks and the complete steps of each
 	blockedTasks, blockedSteps int // tasks whose steps all wait behind one gate step that is still running
@@ -169,7 +169,7 @@ type p1ClaimFixture struct {
 func TestClaimCostFollowsReadySteps(t *testing.T) {
 	t.Parallel()
 
-	fixtures := []p1ClaimFixture{
+	fixtures := []claimFixture{
 		// Many finished tasks beside a few active ones (the steady state of a long-running installation).
 		{name: "many finished tasks", doneTasks: 1000, doneSteps: 2, blockedTasks: 3, blockedSteps: 1000,
 			laterSteps: 300, ready: 5},
@@ -180,17 +180,17 @@ func TestClaimCostFollowsReadySteps(t *testing.T) {
 	for _, fx := range fixtures {
 		t.Run(fx.name, func(t *testing.T) {
 			t.Parallel()
-			p1RunClaimCost(t, fx)
+			runClaimCost(t, fx)
 		})
 	}
 }
 
-func p1RunClaimCost(t *testing.T, fx p1ClaimFixture) {
-	b := p1Setup(t)
+func runClaimCost(t *testing.T, fx claimFixture) {
+	b := schemaSetup(t)
 	// One session for everything, so the statistics counters measured below count this session's reads alone.
 	conn := b.db.Conn(t)
 	ctx := t.Context()
-	asOf := p1Base
+	asOf := testBase
 	exec := func(sql string, args ...any) {
 		t.Helper()
 		_, err := conn.Exec(ctx, sql, args...)
@@ -235,16 +235,16 @@ func p1RunClaimCost(t *testing.T, fx p1ClaimFixture) {
 		`SELECT count(*) FROM stepready.steps WHERE pending_parents > 0`).Scan(&unsatisfied))
 	require.Equal(t, int64(fx.blockedTasks*fx.blockedSteps+fx.ready), unsatisfied)
 
-	query := p1ClaimCandidatesQuery(t, conn, asOf, 100)
+	query := claimCandidatesQuery(t, conn, asOf, 100)
 	limit := float64(2*fx.ready + 10) // rows a claim of fx.ready steps may read
 
 	// The three checks run in order on the one session (a pgx.Conn is not safe for concurrent use), so these
 	// subtests are deliberately not parallel.
 	claimIndex := func(name string) bool { return name == "steps_claim_order_idx" || name == "steps_claimable_idx" }
 	t.Run("the plan reads a claim index", func(t *testing.T) {
-		plan, raw := p1Explain(t, conn, "COSTS OFF", query)
+		plan, raw := explainPlan(t, conn, "COSTS OFF", query)
 		usesIndex := false
-		plan.walk(func(n p1PlanNode) {
+		plan.walk(func(n planNode) {
 			if claimIndex(n.IndexName) {
 				usesIndex = true
 			}
@@ -257,10 +257,10 @@ func p1RunClaimCost(t *testing.T, fx p1ClaimFixture) {
 		tx, err := conn.Begin(ctx) // EXPLAIN ANALYZE takes the row locks: roll them back
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
-		plan, raw := p1Explain(t, tx, "ANALYZE, BUFFERS", query)
+		plan, raw := explainPlan(t, tx, "ANALYZE, BUFFERS", query)
 
 		var fromIndex, fromSteps float64
-		plan.walk(func(n p1PlanNode) {
+		plan.walk(func(n planNode) {
 			loops := max(n.ActualLoops, 1)
 			if claimIndex(n.IndexName) {
 				fromIndex += n.ActualRows * loops
@@ -279,11 +279,11 @@ func p1RunClaimCost(t *testing.T, fx p1ClaimFixture) {
 	})
 
 	t.Run("claim_ready_steps reads about as many rows as are ready", func(t *testing.T) {
-		before := p1StepsTuplesRead(t, conn)
+		before := stepsTuplesRead(t, conn)
 		var claimed int64
 		require.NoError(t, conn.QueryRow(ctx,
 			`SELECT count(*) FROM stepready.claim_ready_steps(100, 'w', 60000, $1)`, asOf).Scan(&claimed))
-		read := p1StepsTuplesRead(t, conn) - before
+		read := stepsTuplesRead(t, conn) - before
 		t.Logf("claim_ready_steps read %d tuples of steps (of %d) to claim %d", read, total, claimed)
 		require.Equal(t, int64(fx.ready), claimed)
 		require.GreaterOrEqual(t, read, claimed, "the statistics saw the claim")

@@ -17,9 +17,9 @@ import (
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
 
-// lcParallel runs fn(i) for i in [0, n) on n goroutines, each holding its own connection of pool, released all
+// runParallel runs fn(i) for i in [0, n) on n goroutines, each holding its own connection of pool, released all
 // at once by a barrier after every connection is acquired. It returns the first error any of them reported.
-func lcParallel(ctx context.Context, pool *pgxpool.Pool, n int, fn func(i int, conn *pgxpool.Conn) error) error {
+func runParallel(ctx context.Context, pool *pgxpool.Pool, n int, fn func(i int, conn *pgxpool.Conn) error) error {
 	conns := make([]*pgxpool.Conn, n)
 	for i := range conns {
 		c, err := pool.Acquire(ctx)
@@ -55,20 +55,20 @@ func lcParallel(ctx context.Context, pool *pgxpool.Pool, n int, fn func(i int, c
 // in some interleavings.
 func TestClaimReadyStepsConcurrentClaimersGetDisjointSets(t *testing.T) {
 	t.Parallel()
-	lcConcurrentClaims(t, lcSetup(t))
+	concurrentClaims(t, lifecycleSetup(t))
 }
 
-func lcConcurrentClaims(t *testing.T, b *lcBundle) {
+func concurrentClaims(t *testing.T, b *lifecycleBundle) {
 	const workers, rounds, tasks, perTask, batch = 8, 5, 100, 4, 7
 	pool := b.db.NewPool(t, pgtest.MaxConns(workers))
 	var all []int64
 	for round := range rounds {
-		all = b.lcClaimRound(pool, round, workers, tasks, perTask, batch)
+		all = b.claimRound(pool, round, workers, tasks, perTask, batch)
 	}
 
 	// Every worker tries to start every step (a duplicated dispatch), in its own order.
 	started := make([]map[int64]int, workers)
-	err := lcParallel(b.ctx, pool, workers, func(i int, conn *pgxpool.Conn) error {
+	err := runParallel(b.ctx, pool, workers, func(i int, conn *pgxpool.Conn) error {
 		started[i] = map[int64]int{}
 		order := append([]int64(nil), all...)
 		rng := rand.New(rand.NewPCG(uint64(i), 42))
@@ -76,8 +76,8 @@ func lcConcurrentClaims(t *testing.T, b *lcBundle) {
 		for _, id := range order {
 			var attempt *int
 			if err := conn.QueryRow(b.ctx, `SELECT stepready.start_step($1, $2, $3, $4)`,
-				id, fmt.Sprintf("w%d", i), lcLeaseMs, lcBase).Scan(&attempt); err != nil {
-				return fmt.Errorf("start_step(%d): %w%s", id, err, lcErrDetail(err))
+				id, fmt.Sprintf("w%d", i), testLeaseMs, testBase).Scan(&attempt); err != nil {
+				return fmt.Errorf("start_step(%d): %w%s", id, err, errDetail(err))
 			}
 			if attempt != nil {
 				started[i][id] = *attempt
@@ -102,40 +102,40 @@ func lcConcurrentClaims(t *testing.T, b *lcBundle) {
 		WHERE state = 'in_progress' AND attempts = 1`))
 }
 
-// startAll runs an attempt of each named step at lcBase and returns the attempt numbers.
-func (b *lcBundle) startAll(ids map[string]int64, names ...string) map[string]int {
+// startAll runs an attempt of each named step at testBase and returns the attempt numbers.
+func (b *lifecycleBundle) startAll(ids map[string]int64, names ...string) map[string]int {
 	b.t.Helper()
 	out := map[string]int{}
 	for _, name := range names {
-		out[name] = b.run(ids[name], lcBase)
+		out[name] = b.run(ids[name], testBase)
 	}
 	return out
 }
 
-const lcDiamond = `{"name": "diamond", "steps": [{"name": "a", "handler": "h"},
+const diamondDefinition = `{"name": "diamond", "steps": [{"name": "a", "handler": "h"},
 	{"name": "b", "handler": "h", "depends_on": ["a"]}, {"name": "c", "handler": "h", "depends_on": ["a"]},
 	{"name": "d", "handler": "h", "depends_on": ["b", "c"]}]}`
 
-const lcPair = `{"name": "pair", "steps": [{"name": "x", "handler": "h"}, {"name": "y", "handler": "h"}]}`
+const pairDefinition = `{"name": "pair", "steps": [{"name": "x", "handler": "h"}, {"name": "y", "handler": "h"}]}`
 
 // TestConcurrentCompletionOfTheJoinParents: b's completion is uncommitted while c's completion runs on another
 // connection; after both commit the join step d has no pending parent and is ready.
 func TestConcurrentCompletionOfTheJoinParents(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	taskID, ids := b.task(lcDiamond)
-	b.runToComplete(ids["a"], `{}`, lcBase)
+	b := lifecycleSetup(t)
+	taskID, ids := b.task(diamondDefinition)
+	b.runToComplete(ids["a"], `{}`, testBase)
 	att := b.startAll(ids, "b", "c")
 
-	b.lcInterleave(
-		`SELECT stepready.complete_step($1, $2, '{}'::jsonb, $3)`, []any{ids["b"], att["b"], lcBase},
-		`SELECT stepready.complete_step($1, $2, '{}'::jsonb, $3)`, []any{ids["c"], att["c"], lcBase})
+	b.interleave(
+		`SELECT stepready.complete_step($1, $2, '{}'::jsonb, $3)`, []any{ids["b"], att["b"], testBase},
+		`SELECT stepready.complete_step($1, $2, '{}'::jsonb, $3)`, []any{ids["c"], att["c"], testBase})
 
 	d := b.step(ids["d"])
 	require.Equal(t, 0, d.PendingParents)
 	require.Equal(t, "pending", d.State)
-	b.requireReady(ids["d"], lcBase)
-	require.Equal(t, []int64{ids["d"]}, b.claimIDs(lcBase))
+	b.requireReady(ids["d"], testBase)
+	require.Equal(t, []int64{ids["d"]}, b.claimIDs(testBase))
 	b.requireStatus(taskID, "in_progress")
 }
 
@@ -143,22 +143,22 @@ func TestConcurrentCompletionOfTheJoinParents(t *testing.T) {
 // the task ends complete.
 func TestConcurrentCompletionOfTheLastTwoSteps(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	taskID, ids := b.task(lcPair)
+	b := lifecycleSetup(t)
+	taskID, ids := b.task(pairDefinition)
 	att := b.startAll(ids, "x", "y")
 
-	b.lcInterleave(
-		`SELECT stepready.complete_step($1, $2, '{}'::jsonb, $3)`, []any{ids["x"], att["x"], lcBase},
-		`SELECT stepready.complete_step($1, $2, '{}'::jsonb, $3)`, []any{ids["y"], att["y"], lcBase})
+	b.interleave(
+		`SELECT stepready.complete_step($1, $2, '{}'::jsonb, $3)`, []any{ids["x"], att["x"], testBase},
+		`SELECT stepready.complete_step($1, $2, '{}'::jsonb, $3)`, []any{ids["y"], att["y"], testBase})
 
 	tk := b.taskRow(taskID)
 	require.Equal(t, "complete", tk.Status)
 	require.NotNil(t, tk.CompletedAt)
 }
 
-// lcInterleave runs sqlA in an open transaction on one connection, then sqlB on a second connection, waits
+// interleave runs sqlA in an open transaction on one connection, then sqlB on a second connection, waits
 // until sqlB blocks on a lock held by the first, commits the first, and requires both calls to return true.
-func (b *lcBundle) lcInterleave(sqlA string, argsA []any, sqlB string, argsB []any) {
+func (b *lifecycleBundle) interleave(sqlA string, argsA []any, sqlB string, argsB []any) {
 	b.t.Helper()
 	connA, connB := b.db.Conn(b.t), b.db.Conn(b.t)
 	tx, err := connA.Begin(b.ctx)
@@ -178,7 +178,7 @@ func (b *lcBundle) lcInterleave(sqlA string, argsA []any, sqlB string, argsB []a
 		r.err = connB.QueryRow(b.ctx, sqlB, argsB...).Scan(&r.ok)
 		done <- r
 	}()
-	b.lcWaitBlocked(connB.PgConn().PID())
+	b.waitBlocked(connB.PgConn().PID())
 	require.NoError(b.t, tx.Commit(b.ctx))
 	select {
 	case r := <-done:
@@ -194,7 +194,7 @@ func (b *lcBundle) lcInterleave(sqlA string, argsA []any, sqlB string, argsB []a
 func TestConcurrentCompletionStress(t *testing.T) {
 	t.Parallel()
 	const n = 30
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 
 	type pairOf struct {
 		taskID  int64
@@ -204,23 +204,23 @@ func TestConcurrentCompletionStress(t *testing.T) {
 	diamonds := make([]pairOf, n)
 	pairs := make([]pairOf, n)
 	for i := range n {
-		taskID, ids := b.task(lcDiamond)
-		b.runToComplete(ids["a"], `{}`, lcBase)
+		taskID, ids := b.task(diamondDefinition)
+		b.runToComplete(ids["a"], `{}`, testBase)
 		diamonds[i] = pairOf{taskID, ids, b.startAll(ids, "b", "c")}
-		taskID, ids = b.task(lcPair)
+		taskID, ids = b.task(pairDefinition)
 		pairs[i] = pairOf{taskID, ids, b.startAll(ids, "x", "y")}
 	}
 
 	pool := b.db.NewPool(t, pgtest.MaxConns(2))
 	names := [2][2]string{{"b", "x"}, {"c", "y"}}
-	err := lcParallel(b.ctx, pool, 2, func(g int, conn *pgxpool.Conn) error {
+	err := runParallel(b.ctx, pool, 2, func(g int, conn *pgxpool.Conn) error {
 		for i := range n {
 			for k, set := range [][]pairOf{diamonds, pairs} {
 				p := set[i]
 				name := names[g][k]
 				var ok bool
 				if err := conn.QueryRow(b.ctx, `SELECT stepready.complete_step($1, $2, '{}'::jsonb, $3)`,
-					p.ids[name], p.attempt[name], lcBase).Scan(&ok); err != nil {
+					p.ids[name], p.attempt[name], testBase).Scan(&ok); err != nil {
 					return err
 				}
 				if !ok {
@@ -235,17 +235,17 @@ func TestConcurrentCompletionStress(t *testing.T) {
 	for _, d := range diamonds {
 		s := b.step(d.ids["d"])
 		require.Equal(t, 0, s.PendingParents, "task %d", d.taskID)
-		b.requireReady(d.ids["d"], lcBase)
+		b.requireReady(d.ids["d"], testBase)
 		b.requireStatus(d.taskID, "in_progress")
 	}
 	for _, p := range pairs {
 		b.requireStatus(p.taskID, "complete")
 	}
-	require.Len(t, b.claimIDs(lcBase), n, "every join step is claimable")
+	require.Len(t, b.claimIDs(testBase), n, "every join step is claimable")
 }
 
-// lcErrDetail returns the detail and context of a PostgreSQL error (for a deadlock: who waited on what).
-func lcErrDetail(err error) string {
+// errDetail returns the detail and context of a PostgreSQL error (for a deadlock: who waited on what).
+func errDetail(err error) string {
 	var pgErr *pgconn.PgError
 	if !errors.As(err, &pgErr) {
 		return ""
@@ -253,10 +253,10 @@ func lcErrDetail(err error) string {
 	return fmt.Sprintf("\ndetail: %s\nwhere: %s", pgErr.Detail, pgErr.Where)
 }
 
-// lcClaimRound adds tasks×perTask ready steps in new pending tasks, has workers connections claim them
+// claimRound adds tasks×perTask ready steps in new pending tasks, has workers connections claim them
 // concurrently in batches, checks that the claims are disjoint and cover exactly the new steps, and returns
 // the new step ids.
-func (b *lcBundle) lcClaimRound(pool *pgxpool.Pool, round, workers, tasks, perTask, batch int) []int64 {
+func (b *lifecycleBundle) claimRound(pool *pgxpool.Pool, round, workers, tasks, perTask, batch int) []int64 {
 	t := b.t
 	t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx, `
@@ -271,11 +271,11 @@ func (b *lcBundle) lcClaimRound(pool *pgxpool.Pool, round, workers, tasks, perTa
 	require.Len(t, all, tasks*perTask)
 
 	claimed := make([][]int64, workers)
-	err = lcParallel(b.ctx, pool, workers, func(i int, conn *pgxpool.Conn) error {
+	err = runParallel(b.ctx, pool, workers, func(i int, conn *pgxpool.Conn) error {
 		for {
-			got, err := b.claimAs(conn, batch, fmt.Sprintf("w%d", i), lcLeaseMs, lcBase)
+			got, err := b.claimAs(conn, batch, fmt.Sprintf("w%d", i), testLeaseMs, testBase)
 			if err != nil {
-				return fmt.Errorf("round %d: claim_ready_steps: %w%s", round, err, lcErrDetail(err))
+				return fmt.Errorf("round %d: claim_ready_steps: %w%s", round, err, errDetail(err))
 			}
 			if len(got) > batch {
 				return fmt.Errorf("claimed %d > limit %d", len(got), batch)
@@ -283,7 +283,7 @@ func (b *lcBundle) lcClaimRound(pool *pgxpool.Pool, round, workers, tasks, perTa
 			if len(got) == 0 {
 				return nil
 			}
-			claimed[i] = append(claimed[i], lcClaimedIDs(got)...)
+			claimed[i] = append(claimed[i], claimedIDs(got)...)
 		}
 	})
 	require.NoError(t, err)
@@ -301,7 +301,7 @@ func (b *lcBundle) lcClaimRound(pool *pgxpool.Pool, round, workers, tasks, perTa
 		_, ok := owner[id]
 		require.True(t, ok, "round %d: step %d was never claimed", round, id)
 	}
-	require.Empty(t, b.claimIDs(lcBase))
+	require.Empty(t, b.claimIDs(testBase))
 	require.Equal(t, len(all), b.intCall(`SELECT count(*) FROM stepready.steps WHERE state = 'enqueued'
 		AND id = ANY ($1)`, all))
 	require.Equal(t, len(all), b.intCall(`SELECT count(*) FROM stepready.step_events

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// p1StepRow is the part of a steps row that a definition decides.
-type p1StepRow struct {
+// stepRowOf is the part of a steps row that a definition decides.
+type stepRowOf struct {
 	Name          string  `db:"name"`
 	Handler       string  `db:"handler"`
 	Input         string  `db:"input"`
@@ -39,7 +39,7 @@ type p1StepRow struct {
 	Pending       int32   `db:"pending_parents"`
 }
 
-func (b *p1Bundle) stepRows(taskID int64) map[string]p1StepRow {
+func (b *schemaBundle) stepRows(taskID int64) map[string]stepRowOf {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.t.Context(), `
 		SELECT name, handler, input::text AS input, state, attempts, max_attempts, retryable, backoff,
@@ -48,9 +48,9 @@ func (b *p1Bundle) stepRows(taskID int64) map[string]p1StepRow {
 		       pending_parents
 		  FROM stepready.steps WHERE task_id = $1`, taskID)
 	require.NoError(b.t, err)
-	list, err := pgx.CollectRows(rows, pgx.RowToStructByName[p1StepRow])
+	list, err := pgx.CollectRows(rows, pgx.RowToStructByName[stepRowOf])
 	require.NoError(b.t, err)
-	out := map[string]p1StepRow{}
+	out := map[string]stepRowOf{}
 	for _, r := range list {
 		out[r.Name] = r
 	}
@@ -58,7 +58,7 @@ func (b *p1Bundle) stepRows(taskID int64) map[string]p1StepRow {
 }
 
 // edges returns the edges of a task as "parent->child" by step name, sorted.
-func (b *p1Bundle) edges(taskID int64) []string {
+func (b *schemaBundle) edges(taskID int64) []string {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.t.Context(), `
 		SELECT p.name || '->' || c.name
@@ -72,8 +72,8 @@ func (b *p1Bundle) edges(taskID int64) []string {
 	return out
 }
 
-// p1TaskRow is the part of a tasks row that a definition decides.
-type p1TaskRow struct {
+// taskRowOf is the part of a tasks row that a definition decides.
+type taskRowOf struct {
 	Name           string  `db:"name"`
 	Namespace      string  `db:"namespace"`
 	Context        string  `db:"context"`
@@ -84,21 +84,21 @@ type p1TaskRow struct {
 	IdempotencyKey *string `db:"idempotency_key"`
 }
 
-func (b *p1Bundle) taskRow(taskID int64) p1TaskRow {
+func (b *schemaBundle) taskRow(taskID int64) taskRowOf {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.t.Context(), `
 		SELECT name, namespace, context::text AS context, priority, status, paused, retry::text AS retry,
 		       idempotency_key
 		  FROM stepready.tasks WHERE id = $1`, taskID)
 	require.NoError(b.t, err)
-	row, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByName[p1TaskRow])
+	row, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByName[taskRowOf])
 	require.NoError(b.t, err)
 	return row
 }
 
 func TestCreateTaskHappyPath(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	taskID := b.createTask(`{
 		"name": "etl", "namespace": "billing", "priority": 5, "context": {"customer": 42},
@@ -142,9 +142,9 @@ func TestCreateTaskHappyPath(t *testing.T) {
 	load := steps["load"]
 	require.Equal(t, int32(2), load.Priority)
 	require.Equal(t, "db", load.Queue)
-	require.Equal(t, p1Ptr[int64](5000), load.TimeoutMs)
+	require.Equal(t, ptr[int64](5000), load.TimeoutMs)
 	require.Equal(t, "skip", load.OnExhausted)
-	require.Equal(t, p1Ptr[int32](3), load.MaxIterations)
+	require.Equal(t, ptr[int32](3), load.MaxIterations)
 	require.Equal(t, "append", load.Collect)
 	require.Equal(t, int32(0), load.BreakerLimit)
 	require.NotNil(t, load.Rules)
@@ -157,7 +157,7 @@ func TestCreateTaskHappyPath(t *testing.T) {
 	require.Equal(t, int32(2), steps["load"].Pending)
 	require.Equal(t, int64(3), b.int64(`SELECT steps_total FROM stepready.tasks WHERE id = $1`, taskID))
 
-	ready := b.readinessByName(taskID, p1Base)
+	ready := b.readinessByName(taskID, testBase)
 	require.True(t, ready["extract"].Ready)
 	require.False(t, ready["transform"].Ready)
 	require.False(t, ready["load"].Ready)
@@ -165,7 +165,7 @@ func TestCreateTaskHappyPath(t *testing.T) {
 
 func TestCreateTaskDefaults(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	for _, def := range []string{
 		`{"name": "bare", "steps": [{"name": "a", "handler": "noop"}]}`,
@@ -193,14 +193,14 @@ func TestCreateTaskDefaults(t *testing.T) {
 
 func TestCreateTaskIdempotencyKey(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	def := `{"name": "once", "idempotency_key": "order-7", "steps": [
 		{"name": "a", "handler": "noop"}, {"name": "b", "handler": "noop", "depends_on": ["a"]}]}`
 	first := b.createTask(def)
-	require.Equal(t, p1Ptr("order-7"), b.taskRow(first).IdempotencyKey)
+	require.Equal(t, ptr("order-7"), b.taskRow(first).IdempotencyKey)
 	before := b.counts()
-	require.Equal(t, p1Counts{Tasks: 1, Steps: 2, Edges: 1, Events: before.Events}, before)
+	require.Equal(t, rowCounts{Tasks: 1, Steps: 2, Edges: 1, Events: before.Events}, before)
 
 	// The same key returns the existing task and creates nothing, even with another definition.
 	require.Equal(t, first, b.createTask(def))
@@ -216,16 +216,16 @@ func TestCreateTaskIdempotencyKey(t *testing.T) {
 	require.Equal(t, before.Tasks+1, b.count("tasks"))
 }
 
-// p1PolicyField is one materialized policy field with two values that differ from each other and from the
+// policyField is one materialized policy field with two values that differ from each other and from the
 // standard preset's value, so the level that supplied a value can be told from the result.
-type p1PolicyField struct {
+type policyField struct {
 	column  string
 	sqlType string
 	a, b    any
 	std     any
 }
 
-var p1PolicyFields = []p1PolicyField{
+var policyFields = []policyField{
 	{"max_attempts", "int", 7, 5, 3},
 	{"retryable", "bool", false, true, true},
 	{"backoff", "text", "linear", "fixed", "exponential"},
@@ -237,56 +237,56 @@ var p1PolicyFields = []p1PolicyField{
 
 // The resolution levels of SPEC §3, highest priority first (the standard preset is level 5).
 const (
-	p1LevelStepColumn = iota + 1
-	p1LevelStepPreset
-	p1LevelTaskField
-	p1LevelTaskPreset
+	levelStepColumn = iota + 1
+	levelStepPreset
+	levelTaskField
+	levelTaskPreset
 )
 
-var p1LevelNames = map[int]string{
-	p1LevelStepColumn: "step column",
-	p1LevelStepPreset: "step preset",
-	p1LevelTaskField:  "task retry field",
-	p1LevelTaskPreset: "task retry.policy preset",
+var levelNames = map[int]string{
+	levelStepColumn: "step column",
+	levelStepPreset: "step preset",
+	levelTaskField:  "task retry field",
+	levelTaskPreset: "task retry.policy preset",
 }
 
-// p1PolicyCase sets some levels to value "a" or "b" of a field and expects one of a, b or std.
-type p1PolicyCase struct {
+// policyCase sets some levels to value "a" or "b" of a field and expects one of a, b or std.
+type policyCase struct {
 	name   string
 	levels map[int]string // level → "a" | "b"
 	want   string         // "a" | "b" | "std"
 }
 
-func p1PolicyCases() []p1PolicyCase {
-	cases := []p1PolicyCase{{name: "nothing set: standard preset", levels: map[int]string{}, want: "std"}}
-	for l := p1LevelStepColumn; l <= p1LevelTaskPreset; l++ {
+func policyCases() []policyCase {
+	cases := []policyCase{{name: "nothing set: standard preset", levels: map[int]string{}, want: "std"}}
+	for l := levelStepColumn; l <= levelTaskPreset; l++ {
 		over := map[int]string{l: "a"}
-		for lower := l + 1; lower <= p1LevelTaskPreset; lower++ {
+		for lower := l + 1; lower <= levelTaskPreset; lower++ {
 			over[lower] = "b"
 		}
-		cases = append(cases, p1PolicyCase{name: p1LevelNames[l] + " beats every lower level", levels: over, want: "a"})
-		if l < p1LevelTaskPreset {
-			cases = append(cases, p1PolicyCase{name: p1LevelNames[l] + " alone beats standard",
+		cases = append(cases, policyCase{name: levelNames[l] + " beats every lower level", levels: over, want: "a"})
+		if l < levelTaskPreset {
+			cases = append(cases, policyCase{name: levelNames[l] + " alone beats standard",
 				levels: map[int]string{l: "a"}, want: "a"})
 		}
 	}
 	return append(cases,
-		p1PolicyCase{name: "explicit step field beats the step preset",
-			levels: map[int]string{p1LevelStepColumn: "a", p1LevelStepPreset: "b"}, want: "a"},
-		p1PolicyCase{name: "explicit task field beats the task preset",
-			levels: map[int]string{p1LevelTaskField: "a", p1LevelTaskPreset: "b"}, want: "a"},
-		p1PolicyCase{name: "step preset beats the task field",
-			levels: map[int]string{p1LevelStepPreset: "a", p1LevelTaskField: "b"}, want: "a"},
-		p1PolicyCase{name: "task field beats a step preset that does not set it",
-			levels: map[int]string{p1LevelTaskField: "a"}, want: "a"},
+		policyCase{name: "explicit step field beats the step preset",
+			levels: map[int]string{levelStepColumn: "a", levelStepPreset: "b"}, want: "a"},
+		policyCase{name: "explicit task field beats the task preset",
+			levels: map[int]string{levelTaskField: "a", levelTaskPreset: "b"}, want: "a"},
+		policyCase{name: "step preset beats the task field",
+			levels: map[int]string{levelStepPreset: "a", levelTaskField: "b"}, want: "a"},
+		policyCase{name: "task field beats a step preset that does not set it",
+			levels: map[int]string{levelTaskField: "a"}, want: "a"},
 	)
 }
 
 // insertPolicyPresets adds, for every policy field, presets p1_<field>_a and p1_<field>_b that set only that
 // field (a NULL field of a preset means "not set here").
-func (b *p1Bundle) insertPolicyPresets() {
+func (b *schemaBundle) insertPolicyPresets() {
 	b.t.Helper()
-	for _, f := range p1PolicyFields {
+	for _, f := range policyFields {
 		for _, v := range []string{"a", "b"} {
 			b.exec(fmt.Sprintf(`INSERT INTO stepready.retry_policies (name, %s) VALUES ($1, $2::%s)`,
 				f.column, f.sqlType), "p1_"+f.column+"_"+v, f.value(v))
@@ -294,7 +294,7 @@ func (b *p1Bundle) insertPolicyPresets() {
 	}
 }
 
-func (f p1PolicyField) value(which string) any {
+func (f policyField) value(which string) any {
 	switch which {
 	case "a":
 		return f.a
@@ -305,7 +305,7 @@ func (f p1PolicyField) value(which string) any {
 	}
 }
 
-func p1JSON(t testing.TB, v any) string {
+func jsonOf(t testing.TB, v any) string {
 	t.Helper()
 	out, err := json.Marshal(v)
 	require.NoError(t, err)
@@ -314,35 +314,35 @@ func p1JSON(t testing.TB, v any) string {
 
 func TestPolicyResolutionThroughCreateTask(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	b.insertPolicyPresets()
 
-	for _, f := range p1PolicyFields {
-		for _, c := range p1PolicyCases() {
+	for _, f := range policyFields {
+		for _, c := range policyCases() {
 			t.Run(f.column+"/"+c.name, func(t *testing.T) {
 				t.Parallel()
 				b := b.on(t)
 				taskRetry, stepRetry := map[string]any{}, map[string]any{}
-				if v, ok := c.levels[p1LevelStepColumn]; ok {
+				if v, ok := c.levels[levelStepColumn]; ok {
 					stepRetry[f.column] = f.value(v)
 				}
-				if v, ok := c.levels[p1LevelStepPreset]; ok {
+				if v, ok := c.levels[levelStepPreset]; ok {
 					stepRetry["policy"] = "p1_" + f.column + "_" + v
 				}
-				if v, ok := c.levels[p1LevelTaskField]; ok {
+				if v, ok := c.levels[levelTaskField]; ok {
 					taskRetry[f.column] = f.value(v)
 				}
-				if v, ok := c.levels[p1LevelTaskPreset]; ok {
+				if v, ok := c.levels[levelTaskPreset]; ok {
 					taskRetry["policy"] = "p1_" + f.column + "_" + v
 				}
 				def := map[string]any{"name": "policy", "retry": taskRetry,
 					"steps": []any{map[string]any{"name": "s", "handler": "noop", "retry": stepRetry}}}
-				taskID := b.createTask(p1JSON(t, def))
+				taskID := b.createTask(jsonOf(t, def))
 
 				var got string
 				require.NoError(t, b.db.Pool.QueryRow(t.Context(), fmt.Sprintf(
 					`SELECT to_jsonb(%s)::text FROM stepready.steps WHERE task_id = $1`, f.column), taskID).Scan(&got))
-				require.JSONEq(t, p1JSON(t, f.value(c.want)), got, "definition %s", p1JSON(t, def))
+				require.JSONEq(t, jsonOf(t, f.value(c.want)), got, "definition %s", jsonOf(t, def))
 			})
 		}
 	}
@@ -350,26 +350,26 @@ func TestPolicyResolutionThroughCreateTask(t *testing.T) {
 
 func TestPolicyResolutionThroughPlainInsert(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	b.insertPolicyPresets()
 
-	for _, f := range p1PolicyFields {
-		for _, c := range p1PolicyCases() {
+	for _, f := range policyFields {
+		for _, c := range policyCases() {
 			t.Run(f.column+"/"+c.name, func(t *testing.T) {
 				t.Parallel()
 				b := b.on(t)
 				taskRetry := map[string]any{}
 				var column, preset any
-				if v, ok := c.levels[p1LevelStepColumn]; ok {
+				if v, ok := c.levels[levelStepColumn]; ok {
 					column = f.value(v)
 				}
-				if v, ok := c.levels[p1LevelStepPreset]; ok {
+				if v, ok := c.levels[levelStepPreset]; ok {
 					preset = "p1_" + f.column + "_" + v
 				}
-				if v, ok := c.levels[p1LevelTaskField]; ok {
+				if v, ok := c.levels[levelTaskField]; ok {
 					taskRetry[f.column] = f.value(v)
 				}
-				if v, ok := c.levels[p1LevelTaskPreset]; ok {
+				if v, ok := c.levels[levelTaskPreset]; ok {
 					taskRetry["policy"] = "p1_" + f.column + "_" + v
 				}
 
@@ -379,7 +379,7 @@ func TestPolicyResolutionThroughPlainInsert(t *testing.T) {
 				var taskID int64
 				require.NoError(t, tx.QueryRow(t.Context(),
 					`INSERT INTO stepready.tasks (name, retry) VALUES ('policy', $1::jsonb) RETURNING id`,
-					p1JSON(t, taskRetry)).Scan(&taskID))
+					jsonOf(t, taskRetry)).Scan(&taskID))
 				_, err = tx.Exec(t.Context(), fmt.Sprintf(
 					`INSERT INTO stepready.steps (task_id, name, handler, retry_policy, %s)
 					 VALUES ($1, 's', 'noop', $2, $3::%s)`, f.column, f.sqlType), taskID, preset, column)
@@ -389,7 +389,7 @@ func TestPolicyResolutionThroughPlainInsert(t *testing.T) {
 				var got string
 				require.NoError(t, b.db.Pool.QueryRow(t.Context(), fmt.Sprintf(
 					`SELECT to_jsonb(%s)::text FROM stepready.steps WHERE task_id = $1`, f.column), taskID).Scan(&got))
-				require.JSONEq(t, p1JSON(t, f.value(c.want)), got)
+				require.JSONEq(t, jsonOf(t, f.value(c.want)), got)
 			})
 		}
 	}
@@ -397,7 +397,7 @@ func TestPolicyResolutionThroughPlainInsert(t *testing.T) {
 
 func TestPolicyResolutionRecordsThePreset(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct {
 		name, def, want string
@@ -424,8 +424,8 @@ func TestPolicyResolutionRecordsThePreset(t *testing.T) {
 		b := b.on(t)
 		s := b.stepRows(b.createTask(`{"name": "p", "steps": [{"name": "s", "handler": "noop",
 			"retry": {"policy": "patient"}}]}`))["s"]
-		require.Equal(t, p1StepRow{Name: "s", Handler: "noop", Input: "{}", State: "pending", MaxAttempts: 3,
-			Retryable: true, Backoff: "exponential", BaseDelayMs: 5000, Multiplier: 3, MaxDelayMs: p1Ptr[int64](90000),
+		require.Equal(t, stepRowOf{Name: "s", Handler: "noop", Input: "{}", State: "pending", MaxAttempts: 3,
+			Retryable: true, Backoff: "exponential", BaseDelayMs: 5000, Multiplier: 3, MaxDelayMs: ptr[int64](90000),
 			Jitter: 0, RetryPolicy: "patient", OnExhausted: "fail_task", Collect: "replace", BreakerLimit: 3,
 			Queue: "default"}, s)
 	})
@@ -438,14 +438,14 @@ func TestPolicyResolutionRecordsThePreset(t *testing.T) {
 		require.False(t, s.Retryable)
 		require.Equal(t, "fixed", s.Backoff)
 		require.Equal(t, int64(0), s.BaseDelayMs)
-		require.Equal(t, p1Ptr[int64](0), s.MaxDelayMs)
+		require.Equal(t, ptr[int64](0), s.MaxDelayMs)
 		require.Equal(t, "none", s.RetryPolicy)
 	})
 }
 
 func TestPresetEditsAffectOnlyLaterSteps(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	b.exec(`INSERT INTO stepready.retry_policies (name, max_attempts, base_delay_ms) VALUES ('p1_edit', 4, 100)`)
 
 	stepDef := `{"name": "edit", "steps": [{"name": "s", "handler": "noop", "retry": {"policy": "p1_edit"}}]}`
@@ -482,7 +482,7 @@ func TestPresetEditsAffectOnlyLaterSteps(t *testing.T) {
 
 func TestCreateTaskValidationErrors(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	const stepA = `{"name": "a", "handler": "noop"}`
 	withStep := func(step string) string { return `{"name": "t", "steps": [` + step + `]}` }
@@ -578,21 +578,21 @@ func TestCreateTaskValidationErrors(t *testing.T) {
 			t.Parallel()
 			b := b.on(t)
 			err := b.execErr(`SELECT stepready.create_task($1::jsonb)`, tt.def)
-			pgErr := p1RequirePgError(t, err, "22023", tt.fragments...)
+			pgErr := requirePgError(t, err, "22023", tt.fragments...)
 
 			// validate_task_definition (used by templates) reports the same problem.
 			err = b.execErr(`SELECT stepready.validate_task_definition($1::jsonb)`, tt.def)
-			require.Equal(t, pgErr.Message, p1RequirePgError(t, err, "22023").Message)
+			require.Equal(t, pgErr.Message, requirePgError(t, err, "22023").Message)
 
 			// Nothing was written, by this case or any other (every case of this database is an error).
-			require.Equal(t, p1Counts{}, b.counts())
+			require.Equal(t, rowCounts{}, b.counts())
 		})
 	}
 }
 
 func TestCreateTaskCycleMessageListsTheCycle(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	// rotations returns every way of writing the cycle names[0] -> … -> names[n-1] -> names[0].
 	rotations := func(names ...string) []string {
@@ -632,21 +632,21 @@ func TestCreateTaskCycleMessageListsTheCycle(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			b := b.on(t)
-			pgErr := p1RequirePgError(t, b.createTaskErr(tt.def), "22023", "depends_on")
+			pgErr := requirePgError(t, b.createTaskErr(tt.def), "22023", "depends_on")
 			require.Truef(t, slices.ContainsFunc(tt.valid, func(s string) bool {
 				return strings.Contains(pgErr.Message, s)
 			}), "message %q does not list the cycle as one of %q", pgErr.Message, tt.valid)
 			for _, n := range tt.not {
 				require.NotContains(t, pgErr.Message, n)
 			}
-			require.Equal(t, p1Counts{}, b.counts())
+			require.Equal(t, rowCounts{}, b.counts())
 		})
 	}
 }
 
 func TestPlainSQLDefinition(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	ctx := t.Context()
 
 	tx, err := b.db.Pool.Begin(ctx)
@@ -681,14 +681,14 @@ func TestPlainSQLDefinition(t *testing.T) {
 	require.NoError(t, tx.Commit(ctx))
 
 	steps := b.stepRows(taskID)
-	aggressive := p1StepRow{Name: "a", Handler: "noop", Input: "{}", State: "pending", MaxAttempts: 2,
-		Retryable: true, Backoff: "exponential", BaseDelayMs: 200, Multiplier: 2, MaxDelayMs: p1Ptr[int64](30000),
+	aggressive := stepRowOf{Name: "a", Handler: "noop", Input: "{}", State: "pending", MaxAttempts: 2,
+		Retryable: true, Backoff: "exponential", BaseDelayMs: 200, Multiplier: 2, MaxDelayMs: ptr[int64](30000),
 		RetryPolicy: "aggressive", OnExhausted: "fail_task", Collect: "replace", BreakerLimit: 3, Queue: "default"}
 	require.Equal(t, aggressive, steps["a"], "task retry field over the task preset")
 
 	wantB := aggressive
 	wantB.Name, wantB.MaxAttempts, wantB.BaseDelayMs, wantB.Multiplier = "b", 3, 5000, 3
-	wantB.MaxDelayMs, wantB.RetryPolicy, wantB.Pending = p1Ptr[int64](90000), "patient", 1
+	wantB.MaxDelayMs, wantB.RetryPolicy, wantB.Pending = ptr[int64](90000), "patient", 1
 	require.Equal(t, wantB, steps["b"], "step preset over the task level")
 
 	wantC := aggressive
@@ -701,8 +701,8 @@ func TestPlainSQLDefinition(t *testing.T) {
 
 	require.Equal(t, []string{"a->b", "a->c", "b->c"}, b.edges(taskID))
 	require.Equal(t, int64(4), b.int64(`SELECT steps_total FROM stepready.tasks WHERE id = $1`, taskID))
-	b.requirePendingParentsInvariant([]int64{taskID}, p1Base)
-	ready := b.readinessByName(taskID, p1Base)
+	b.requirePendingParentsInvariant([]int64{taskID}, testBase)
+	ready := b.readinessByName(taskID, testBase)
 	require.True(t, ready["a"].Ready)
 	require.True(t, ready["d"].Ready)
 	require.False(t, ready["b"].Ready)
@@ -711,7 +711,7 @@ func TestPlainSQLDefinition(t *testing.T) {
 
 func TestPlainSQLBadStepValuesNameTheStep(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct {
 		column, value, fragment string
@@ -745,7 +745,7 @@ func TestPlainSQLBadStepValuesNameTheStep(t *testing.T) {
 				sql = `INSERT INTO stepready.steps (task_id, name, handler) VALUES ($1, 's', ` + tt.value + `)`
 			}
 			err := b.execErr(sql, taskID)
-			p1RequireOneOfCodes(t, err, []string{"22023", "23514"}, `step "s"`, tt.fragment)
+			requireOneOfCodes(t, err, []string{"22023", "23514"}, `step "s"`, tt.fragment)
 			require.Equal(t, before, b.count("steps"))
 		})
 	}
@@ -753,7 +753,7 @@ func TestPlainSQLBadStepValuesNameTheStep(t *testing.T) {
 
 func TestPlainSQLBadTaskRetryNamesTheTask(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct {
 		name, retry string
@@ -770,7 +770,7 @@ func TestPlainSQLBadTaskRetryNamesTheTask(t *testing.T) {
 			t.Parallel()
 			b := b.on(t)
 			err := b.execErr(`INSERT INTO stepready.tasks (name, retry) VALUES ('badtask', $1::jsonb)`, tt.retry)
-			p1RequireOneOfCodes(t, err, []string{"22023", "23514"}, append([]string{`task "badtask"`}, tt.fragments...)...)
+			requireOneOfCodes(t, err, []string{"22023", "23514"}, append([]string{`task "badtask"`}, tt.fragments...)...)
 			require.Equal(t, int64(0), b.count("tasks"))
 		})
 	}
@@ -778,7 +778,7 @@ func TestPlainSQLBadTaskRetryNamesTheTask(t *testing.T) {
 
 func TestEdgeTriggerRejectsBadEdges(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	t.Run("across tasks", func(t *testing.T) {
 		t.Parallel()
@@ -786,14 +786,14 @@ func TestEdgeTriggerRejectsBadEdges(t *testing.T) {
 		left := b.insertStep(b.insertTask("one"), "left")
 		right := b.insertStep(b.insertTask("two"), "right")
 		err := b.execErr(`INSERT INTO stepready.step_edges VALUES ($1, $2)`, left, right)
-		p1RequireOneOfCodes(t, err, []string{"22023", "23514"}, `"left"`, `"right"`)
+		requireOneOfCodes(t, err, []string{"22023", "23514"}, `"left"`, `"right"`)
 	})
 	t.Run("self-edge", func(t *testing.T) {
 		t.Parallel()
 		b := b.on(t)
 		solo := b.insertStep(b.insertTask("self"), "solo")
 		err := b.execErr(`INSERT INTO stepready.step_edges VALUES ($1, $1)`, solo)
-		pgErr := p1RequireOneOfCodes(t, err, []string{"22023", "23514"}, `"solo"`)
+		pgErr := requireOneOfCodes(t, err, []string{"22023", "23514"}, `"solo"`)
 		require.GreaterOrEqual(t, strings.Count(pgErr.Message, `"solo"`), 2, "names both ends: %s", pgErr.Message)
 	})
 	for _, tt := range []struct {
@@ -816,16 +816,16 @@ func TestEdgeTriggerRejectsBadEdges(t *testing.T) {
 			}
 			last, first := tt.chain[len(tt.chain)-1], tt.chain[0]
 			err := b.execErr(`INSERT INTO stepready.step_edges VALUES ($1, $2)`, ids[last], ids[first])
-			p1RequireOneOfCodes(t, err, []string{"22023", "23514"}, `"`+last+`"`, `"`+first+`"`, "cycle")
+			requireOneOfCodes(t, err, []string{"22023", "23514"}, `"`+last+`"`, `"`+first+`"`, "cycle")
 			require.Len(t, b.edges(taskID), len(tt.chain)-1, "the closing edge is not inserted")
-			b.requirePendingParentsInvariant([]int64{taskID}, p1Base)
+			b.requirePendingParentsInvariant([]int64{taskID}, testBase)
 		})
 	}
 }
 
 func TestTaskTemplates(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	// Versions are inserted out of order; 10 is the newest (numerically, not as text).
 	for _, v := range []struct {
@@ -863,13 +863,13 @@ func TestTaskTemplates(t *testing.T) {
 		t.Parallel()
 		b := b.on(t)
 		err := b.execErr(`SELECT stepready.create_task_from_template('nope', '{}')`)
-		p1RequirePgError(t, err, "P0002", "nope")
+		requirePgError(t, err, "P0002", "nope")
 	})
 }
 
 func TestTaskTemplateIdempotencyKey(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	b.exec(`INSERT INTO stepready.task_templates (name, definition) VALUES ('etl', $1::jsonb)`,
 		`{"steps": [{"name": "a", "handler": "noop"}, {"name": "b", "handler": "noop", "depends_on": ["a"]}]}`)
 
@@ -879,7 +879,7 @@ func TestTaskTemplateIdempotencyKey(t *testing.T) {
 	require.Equal(t, first, second)
 	require.Equal(t, before, b.counts(), "nothing more is created")
 	require.JSONEq(t, `{"run": 1}`, b.taskRow(first).Context)
-	require.Equal(t, p1Ptr("nightly-2030-01-01"), b.taskRow(first).IdempotencyKey)
+	require.Equal(t, ptr("nightly-2030-01-01"), b.taskRow(first).IdempotencyKey)
 
 	third := b.int64(`SELECT stepready.create_task_from_template('etl', '{"run": 3}', 'nightly-2030-01-02')`)
 	require.NotEqual(t, first, third)
@@ -887,7 +887,7 @@ func TestTaskTemplateIdempotencyKey(t *testing.T) {
 
 func TestTaskTemplateValidation(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct {
 		name, definition string
@@ -909,7 +909,7 @@ func TestTaskTemplateValidation(t *testing.T) {
 			name := "bad_" + strings.ReplaceAll(tt.name, " ", "_")
 			err := b.execErr(`INSERT INTO stepready.task_templates (name, definition) VALUES ($1, $2::jsonb)`,
 				name, tt.definition)
-			p1RequirePgError(t, err, "22023", append([]string{`template "` + name + `"`}, tt.fragments...)...)
+			requirePgError(t, err, "22023", append([]string{`template "` + name + `"`}, tt.fragments...)...)
 			require.Equal(t, int64(0), b.int64(`SELECT count(*) FROM stepready.task_templates WHERE name = $1`, name))
 		})
 	}

@@ -25,7 +25,7 @@ type exReason struct {
 	WaitMs        *int64
 }
 
-func exExplain(b *p1Bundle, sql string, id int64, asOf time.Time) []exReason {
+func exExplain(b *schemaBundle, sql string, id int64, asOf time.Time) []exReason {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.t.Context(),
 		`SELECT step_id, rank, reason, message, parent_name, parent_state, next_attempt_at, wait_ms FROM `+sql,
@@ -46,110 +46,110 @@ func exReasons(rs []exReason) []string {
 
 func TestExplainStepAgreesWithStepReadiness(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
-	at := p1Base
+	b := schemaSetup(t)
+	at := testBase
 
 	tests := []struct {
 		name string
 		// arrange puts the task, the step "s" and its parents "p" and "q" (pending, no attempts) in place.
-		arrange func(b *p1Bundle, task int64, ids map[string]int64)
+		arrange func(b *schemaBundle, task int64, ids map[string]int64)
 		want    []string
 	}{
-		{"ready pending", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"ready pending", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'skipped'`)
 		}, nil},
-		{"ready waiting_for_retry due exactly now", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"ready waiting_for_retry due exactly now", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'resolved_manually'`)
 			b.setStep(ids["s"], `state = 'waiting_for_retry', attempts = 1, next_attempt_at = $2`, at)
 		}, nil},
-		{"one parent unsatisfied", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"one parent unsatisfied", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 		}, []string{"waiting_for_dependencies"}},
-		{"both parents unsatisfied: one row each", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"both parents unsatisfied: one row each", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'in_progress', attempts = 2`)
 			b.setStep(ids["q"], `state = 'waiting_for_retry', attempts = 1`)
 		}, []string{"waiting_for_dependencies", "waiting_for_dependencies"}},
-		{"enqueued", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"enqueued", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["s"], `state = 'enqueued'`)
 		}, []string{"in_flight"}},
-		{"in_progress at its last attempt", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"in_progress at its last attempt", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["s"], `state = 'in_progress', attempts = 3, max_attempts = 3`)
 		}, []string{"in_flight"}},
-		{"complete", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"complete", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["s"], `state = 'complete', attempts = 1, max_attempts = 1`)
 		}, []string{"terminal"}},
-		{"error (the task follows into error)", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"error (the task follows into error)", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["s"], `state = 'error', attempts = 3, max_attempts = 3`)
 		}, []string{"task_not_active", "terminal"}},
-		{"skipped", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"skipped", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["s"], `state = 'skipped'`)
 		}, []string{"terminal"}},
-		{"cancelled", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"cancelled", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["s"], `state = 'cancelled'`)
 		}, []string{"terminal"}},
-		{"resolved_manually", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"resolved_manually", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["s"], `state = 'resolved_manually'`)
 		}, []string{"terminal"}},
-		{"backoff one microsecond left", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"backoff one microsecond left", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["s"], `state = 'waiting_for_retry', attempts = 1, next_attempt_at = $2`,
-				at.Add(p1Resolution))
+				at.Add(tick))
 		}, []string{"backoff"}},
-		{"delayed first attempt", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"delayed first attempt", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["s"], `next_attempt_at = $2`, at.Add(time.Hour))
 		}, []string{"backoff"}},
-		{"retries exhausted", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"retries exhausted", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["s"], `state = 'waiting_for_retry', attempts = 3, max_attempts = 3`)
 		}, []string{"retries_exhausted"}},
-		{"max_attempts 0 allows the first attempt", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"max_attempts 0 allows the first attempt", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["s"], `max_attempts = 0`)
 		}, nil},
-		{"max_attempts 0 after the first attempt", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"max_attempts 0 after the first attempt", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["s"], `state = 'waiting_for_retry', attempts = 1, max_attempts = 0`)
 		}, []string{"retries_exhausted"}},
-		{"not retryable after the first attempt", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"not retryable after the first attempt", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["s"], `state = 'waiting_for_retry', attempts = 1, retryable = false`)
 		}, []string{"not_retryable"}},
-		{"not retryable first attempt allowed", func(b *p1Bundle, _ int64, ids map[string]int64) {
+		{"not retryable first attempt allowed", func(b *schemaBundle, _ int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["s"], `retryable = false, max_attempts = 1`)
 		}, nil},
-		{"task paused", func(b *p1Bundle, task int64, ids map[string]int64) {
+		{"task paused", func(b *schemaBundle, task int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setTask(task, `paused = true`)
 		}, []string{"task_paused"}},
-		{"task in error", func(b *p1Bundle, task int64, ids map[string]int64) {
+		{"task in error", func(b *schemaBundle, task int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setTask(task, `status = 'error'`)
 		}, []string{"task_not_active"}},
-		{"task cancelled and paused, step cancelled", func(b *p1Bundle, task int64, ids map[string]int64) {
+		{"task cancelled and paused, step cancelled", func(b *schemaBundle, task int64, ids map[string]int64) {
 			b.setTask(task, `paused = true`)
 			b.exec(`SELECT stepready.cancel_task($1, 'test', $2)`, task, at)
 		}, []string{"task_not_active", "task_paused", "terminal"}},
-		{"paused, parents unsatisfied, exhausted and in backoff", func(b *p1Bundle, task int64, ids map[string]int64) {
+		{"paused, parents unsatisfied, exhausted and in backoff", func(b *schemaBundle, task int64, ids map[string]int64) {
 			b.setStep(ids["p"], `state = 'waiting_for_retry', attempts = 1`)
 			b.setStep(ids["s"], `state = 'waiting_for_retry', attempts = 2, max_attempts = 2, next_attempt_at = $2`,
 				at.Add(1800*time.Millisecond))
 			b.setTask(task, `paused = true`)
 		}, []string{"task_paused", "waiting_for_dependencies", "waiting_for_dependencies", "retries_exhausted",
 			"backoff"}},
-		{"everything at once", func(b *p1Bundle, task int64, ids map[string]int64) {
+		{"everything at once", func(b *schemaBundle, task int64, ids map[string]int64) {
 			b.setStep(ids["q"], `state = 'complete', attempts = 1`)
 			b.setStep(ids["s"], `state = 'waiting_for_retry', attempts = 1, retryable = false, next_attempt_at = $2`,
 				at.Add(time.Minute))
@@ -212,7 +212,7 @@ func TestExplainStepAgreesWithStepReadiness(t *testing.T) {
 
 func TestExplainStepDetails(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	// The backoff's clock time is shown in the session time zone: pin it.
 	b.db.Pool = b.db.NewPool(t, func(c *pgxpool.Config) { c.ConnConfig.RuntimeParams["timezone"] = "UTC" })
 	at := time.Date(2030, 1, 1, 12, 0, 1, 200_000_000, time.UTC)
@@ -254,16 +254,16 @@ func TestExplainStepDetails(t *testing.T) {
 		[]string{once[0].Message, once[1].Message, once[2].Message})
 
 	err := b.execErr(`SELECT * FROM stepready.explain_step(-1)`)
-	p1RequirePgError(t, err, "P0002", "step -1 does not exist")
+	requirePgError(t, err, "P0002", "step -1 does not exist")
 	err = b.execErr(`SELECT * FROM stepready.explain_task(-1)`)
-	p1RequirePgError(t, err, "P0002", "task -1 does not exist")
+	requirePgError(t, err, "P0002", "task -1 does not exist")
 }
 
 // Explain's waits read like the CLI's durations: from two days on in days and hours (issue 26: a task scheduled
 // for next year said "in 27179h28m").
 func TestExplainDurationInDaysFromTwoDays(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	for ms, want := range map[int64]string{
 		850:                            "0.9s",
 		65_000:                         "1m05s",

@@ -125,17 +125,17 @@ func TestFailStepDecision(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep(tc.step)
-			now := lcBase
+			now := testBase
 			for _, prior := range tc.prior {
 				now = b.retryOnce(step, prior, now)
 			}
 			attempt := b.run(step, now)
 			require.Equal(t, len(tc.prior)+1, attempt)
 			r := b.fail(step, attempt, tc.err, now, tc.sample)
-			require.Equal(t, tc.wantState, lcDeref(r.State), "reason %v", lcDeref(r.Reason))
-			require.Equal(t, tc.wantReason, lcDeref(r.Reason))
+			require.Equal(t, tc.wantState, deref(r.State), "reason %v", deref(r.Reason))
+			require.Equal(t, tc.wantReason, deref(r.Reason))
 
 			s := b.step(step)
 			require.Equal(t, tc.wantState, s.State)
@@ -150,8 +150,8 @@ func TestFailStepDecision(t *testing.T) {
 
 			evs := b.lastEvents(step, 2)
 			require.Equal(t, "attempt.failed", evs[0].Event)
-			require.Equal(t, attempt, lcDeref(evs[0].Attempt))
-			require.Equal(t, "in_progress", lcDeref(evs[0].FromState))
+			require.Equal(t, attempt, deref(evs[0].Attempt))
+			require.Equal(t, "in_progress", deref(evs[0].FromState))
 			require.Equal(t, wantClass, evs[0].Details["class"])
 			for _, ev := range evs {
 				require.True(t, now.Equal(ev.At), "events are stamped with p_as_of")
@@ -159,8 +159,8 @@ func TestFailStepDecision(t *testing.T) {
 
 			if tc.wantState == "waiting_for_retry" {
 				due := now.Add(tc.wantDelay)
-				lcRequireTime(t, due, r.NextAttemptAt, "returned next_attempt_at")
-				lcRequireTime(t, due, s.NextAttemptAt, "stored next_attempt_at")
+				requireTime(t, due, r.NextAttemptAt, "returned next_attempt_at")
+				requireTime(t, due, s.NextAttemptAt, "stored next_attempt_at")
 				b.requireStatus(taskID, "in_progress")
 				require.Equal(t, "retry.scheduled", evs[1].Event)
 				require.EqualValues(t, tc.wantDelay.Milliseconds(), evs[1].Details["delay_ms"])
@@ -170,7 +170,7 @@ func TestFailStepDecision(t *testing.T) {
 				}
 				// Ready exactly when due, not an instant before.
 				if tc.wantDelay > 0 {
-					b.requireNotReady(step, due.Add(-lcTick), "backoff")
+					b.requireNotReady(step, due.Add(-tick), "backoff")
 				}
 				b.requireReady(step, due)
 				return
@@ -181,9 +181,9 @@ func TestFailStepDecision(t *testing.T) {
 			b.requireStatus(taskID, "error")
 			require.Equal(t, "step.failed", evs[1].Event)
 			require.Equal(t, tc.wantReason, evs[1].Details["reason"])
-			require.Equal(t, "error", lcDeref(evs[1].ToState))
+			require.Equal(t, "error", deref(evs[1].ToState))
 			var lastError map[string]any
-			require.NoError(t, json.Unmarshal([]byte(lcDeref(s.LastError)), &lastError))
+			require.NoError(t, json.Unmarshal([]byte(deref(s.LastError)), &lastError))
 			require.Equal(t, wantClass, lastError["class"])
 			require.Equal(t, tc.wantReason, lastError["reason"])
 			require.EqualValues(t, attempt, lastError["attempt"])
@@ -253,22 +253,22 @@ func TestFailStepCircuitBreaker(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			extra := `"retry": {"max_attempts": 20, "backoff": "fixed", "base_delay_ms": 0}`
 			if tc.limit != "" {
 				extra += `, "breaker_limit": ` + tc.limit
 			}
 			taskID, step := b.oneStep(extra)
 			for i, f := range tc.failures {
-				attempt := b.run(step, lcBase)
-				r := b.fail(step, attempt, f.err, lcBase, 0)
+				attempt := b.run(step, testBase)
+				r := b.fail(step, attempt, f.err, testBase, 0)
 				if f.want == "" {
-					require.Equal(t, "waiting_for_retry", lcDeref(r.State), "failure %d: reason %v", i+1,
-						lcDeref(r.Reason))
+					require.Equal(t, "waiting_for_retry", deref(r.State), "failure %d: reason %v", i+1,
+						deref(r.Reason))
 					continue
 				}
-				require.Equal(t, "error", lcDeref(r.State), "failure %d", i+1)
-				require.Equal(t, f.want, lcDeref(r.Reason), "failure %d", i+1)
+				require.Equal(t, "error", deref(r.State), "failure %d", i+1)
+				require.Equal(t, f.want, deref(r.Reason), "failure %d", i+1)
 				require.Less(t, attempt, 20, "the circuit opens with attempts left")
 				b.requireStatus(taskID, "error")
 				ev := b.lastEvents(step, 1)[0]
@@ -281,16 +281,16 @@ func TestFailStepCircuitBreaker(t *testing.T) {
 
 func TestFailStepBreakerStreakResetsOnNewIteration(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	_, step := b.oneStep(`"retry": {"max_attempts": 20, "backoff": "fixed", "base_delay_ms": 0}`)
 	err := `{"class": "contract_failure", "message": "bad page"}`
-	b.retryOnce(step, err, lcBase)
-	b.retryOnce(step, err, lcBase)
-	require.True(t, b.continueStep(step, b.run(step, lcBase), `{}`, nil, 0, lcBase))
-	b.retryOnce(step, err, lcBase)
-	b.retryOnce(step, err, lcBase)
-	r := b.fail(step, b.run(step, lcBase), err, lcBase, 0)
-	require.Equal(t, "circuit_open", lcDeref(r.Reason), "three in a row within the new iteration")
+	b.retryOnce(step, err, testBase)
+	b.retryOnce(step, err, testBase)
+	require.True(t, b.continueStep(step, b.run(step, testBase), `{}`, nil, 0, testBase))
+	b.retryOnce(step, err, testBase)
+	b.retryOnce(step, err, testBase)
+	r := b.fail(step, b.run(step, testBase), err, testBase, 0)
+	require.Equal(t, "circuit_open", deref(r.Reason), "three in a row within the new iteration")
 }
 
 // TestFailStepOverrideAppliesToThisFailureOnly: p_error.retry shapes the decision of the failure it comes with;
@@ -300,20 +300,20 @@ func TestFailStepOverrideAppliesToThisFailureOnly(t *testing.T) {
 
 	t.Run("backoff", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		_, step := b.oneStep("")
-		now := b.retryOnce(step, `{"retry": {"backoff": "fixed", "base_delay_ms": 10}}`, lcBase)
-		lcRequireTime(t, lcBase.Add(10*time.Millisecond), &now, "overridden delay")
+		now := b.retryOnce(step, `{"retry": {"backoff": "fixed", "base_delay_ms": 10}}`, testBase)
+		requireTime(t, testBase.Add(10*time.Millisecond), &now, "overridden delay")
 		// Attempt 2 fails without an override: the step's exponential 1000 × 2.
 		r := b.fail(step, b.run(step, now), `{}`, now, 0)
-		lcRequireTime(t, now.Add(2*time.Second), r.NextAttemptAt, "step policy delay")
+		requireTime(t, now.Add(2*time.Second), r.NextAttemptAt, "step policy delay")
 	})
 
 	t.Run("max_attempts", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		_, step := b.oneStep("")
-		now := b.retryOnce(step, `{}`, lcBase)
+		now := b.retryOnce(step, `{}`, testBase)
 		now = b.retryOnce(step, `{}`, now)
 		// Attempt 3 of 3 would be the last; the override lets it retry, and the retry must really run.
 		now = b.retryOnce(step, `{"retry": {"max_attempts": 5, "base_delay_ms": 10}}`, now)
@@ -321,7 +321,7 @@ func TestFailStepOverrideAppliesToThisFailureOnly(t *testing.T) {
 		require.Equal(t, 4, attempt)
 		// Attempt 4 fails without an override: the step's own max_attempts (3) decides: no fifth attempt.
 		r := b.fail(step, attempt, `{}`, now, 0)
-		require.Equal(t, "retries_exhausted", lcDeref(r.Reason))
+		require.Equal(t, "retries_exhausted", deref(r.Reason))
 	})
 }
 
@@ -349,12 +349,12 @@ func TestFailStepRejectsBadInput(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
-			attempt := b.run(step, lcBase)
+			attempt := b.run(step, testBase)
 			before := b.taskSnapshot(taskID)
-			_, err := b.failErr(step, attempt, tc.err, lcBase, tc.sample)
-			lcRequireSQLState(t, err, "22023", tc.param)
+			_, err := b.failErr(step, attempt, tc.err, testBase, tc.sample)
+			requireSQLState(t, err, "22023", tc.param)
 			require.Equal(t, before, b.taskSnapshot(taskID), "bad input changes nothing")
 		})
 	}
@@ -362,67 +362,67 @@ func TestFailStepRejectsBadInput(t *testing.T) {
 
 func TestFailStepFencing(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	cases := []struct {
 		name      string
-		setup     func(b *lcBundle, step int64) int
+		setup     func(b *lifecycleBundle, step int64) int
 		wantState string
 	}{
-		{"attempt ahead", func(b *lcBundle, step int64) int { return b.run(step, at) + 1 }, "in_progress"},
-		{"stale attempt after a retry", func(b *lcBundle, step int64) int {
+		{"attempt ahead", func(b *lifecycleBundle, step int64) int { return b.run(step, at) + 1 }, "in_progress"},
+		{"stale attempt after a retry", func(b *lifecycleBundle, step int64) int {
 			b.run(step, b.retryOnce(step, `{}`, at))
 			return 1
 		}, "in_progress"},
-		{"duplicate failure of an attempt already failed", func(b *lcBundle, step int64) int {
+		{"duplicate failure of an attempt already failed", func(b *lifecycleBundle, step int64) int {
 			b.retryOnce(step, `{}`, at)
 			return 1
 		}, "waiting_for_retry"},
-		{"enqueued, never started", func(b *lcBundle, step int64) int { b.enqueue(step, at); return 0 }, "enqueued"},
-		{"complete", func(b *lcBundle, step int64) int { b.runToComplete(step, `{}`, at); return 1 }, "complete"},
+		{"enqueued, never started", func(b *lifecycleBundle, step int64) int { b.enqueue(step, at); return 0 }, "enqueued"},
+		{"complete", func(b *lifecycleBundle, step int64) int { b.runToComplete(step, `{}`, at); return 1 }, "complete"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
 			attempt := tc.setup(b, step)
 			s := b.step(step)
 			before := b.taskSnapshot(taskID)
 
 			r := b.fail(step, attempt, `{"class": "permanent"}`, at.Add(time.Minute), 0)
-			require.Equal(t, tc.wantState, lcDeref(r.State))
-			require.Equal(t, "stale_attempt", lcDeref(r.Reason))
-			lcRequireSameTime(t, s.NextAttemptAt, r.NextAttemptAt, "next_attempt_at")
+			require.Equal(t, tc.wantState, deref(r.State))
+			require.Equal(t, "stale_attempt", deref(r.Reason))
+			requireSameTime(t, s.NextAttemptAt, r.NextAttemptAt, "next_attempt_at")
 			require.Equal(t, before, b.taskSnapshot(taskID), "a fenced fail_step changes nothing")
 		})
 	}
 
 	t.Run("unknown step", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		r := b.fail(424242, 1, `{}`, at, 0)
 		require.Nil(t, r.State)
-		require.Equal(t, "stale_attempt", lcDeref(r.Reason))
+		require.Equal(t, "stale_attempt", deref(r.Reason))
 	})
 }
 
 func TestFailStepEventDetails(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	_, step := b.oneStep(`"retry": {"jitter": 0.2, "max_attempts": 2}`)
 
-	attempt := b.run(step, lcBase)
-	r := b.fail(step, attempt, `{"class": "timeout", "message": "slow", "code": "E1"}`, lcBase, 0.25)
+	attempt := b.run(step, testBase)
+	r := b.fail(step, attempt, `{"class": "timeout", "message": "slow", "code": "E1"}`, testBase, 0.25)
 	// 1000 × (1 − 0.2 × 0.25) = 950
-	lcRequireTime(t, lcBase.Add(950*time.Millisecond), r.NextAttemptAt, "next_attempt_at")
+	requireTime(t, testBase.Add(950*time.Millisecond), r.NextAttemptAt, "next_attempt_at")
 	evs := b.lastEvents(step, 2)
-	require.Equal(t, []string{"attempt.failed", "retry.scheduled"}, lcEventNames(evs))
+	require.Equal(t, []string{"attempt.failed", "retry.scheduled"}, eventNames(evs))
 	d := evs[1].Details
 	require.Equal(t, "timeout", d["class"])
 	require.EqualValues(t, 950, d["delay_ms"])
 	require.EqualValues(t, 0.25, d["jitter_sample"])
-	require.Equal(t, "waiting_for_retry", lcDeref(evs[1].ToState))
+	require.Equal(t, "waiting_for_retry", deref(evs[1].ToState))
 	errDoc, ok := evs[0].Details["error"].(map[string]any)
 	require.True(t, ok, "the error is recorded: %v", evs[0].Details)
 	require.Equal(t, "slow", errDoc["message"])
@@ -431,12 +431,12 @@ func TestFailStepEventDetails(t *testing.T) {
 	now := *r.NextAttemptAt
 	attempt = b.run(step, now)
 	r = b.fail(step, attempt, `{"class": "timeout", "message": "slow again"}`, now, 0.5)
-	require.Equal(t, "retries_exhausted", lcDeref(r.Reason))
+	require.Equal(t, "retries_exhausted", deref(r.Reason))
 	evs = b.lastEvents(step, 2)
-	require.Equal(t, []string{"attempt.failed", "step.failed"}, lcEventNames(evs))
+	require.Equal(t, []string{"attempt.failed", "step.failed"}, eventNames(evs))
 	require.Equal(t, "retries_exhausted", evs[1].Details["reason"])
 	require.Equal(t, "timeout", evs[1].Details["class"])
-	require.Equal(t, 2, lcDeref(evs[1].Attempt))
+	require.Equal(t, 2, deref(evs[1].Attempt))
 }
 
 // TestFailStepWorkedExamples runs the two worked examples of SPEC §4 end to end through claim_ready_steps:
@@ -456,14 +456,14 @@ func TestFailStepWorkedExamples(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep(tc.step + `, "on_exhausted": "skip"`)
-			require.Equal(t, []int64{step}, b.claimIDs(lcBase), "the first attempt is allowed")
-			require.Equal(t, 1, lcDeref(b.start(step, lcBase)))
-			r := b.fail(step, 1, `{"class": "transient"}`, lcBase, 0)
-			require.Equal(t, "skipped", lcDeref(r.State))
-			require.Equal(t, tc.wantReason, lcDeref(r.Reason))
-			require.Empty(t, b.claimIDs(lcBase.Add(24*time.Hour)), "no second attempt")
+			require.Equal(t, []int64{step}, b.claimIDs(testBase), "the first attempt is allowed")
+			require.Equal(t, 1, deref(b.start(step, testBase)))
+			r := b.fail(step, 1, `{"class": "transient"}`, testBase, 0)
+			require.Equal(t, "skipped", deref(r.State))
+			require.Equal(t, tc.wantReason, deref(r.Reason))
+			require.Empty(t, b.claimIDs(testBase.Add(24*time.Hour)), "no second attempt")
 			b.requireStatus(taskID, "complete")
 		})
 	}
@@ -471,19 +471,19 @@ func TestFailStepWorkedExamples(t *testing.T) {
 
 func TestFailStepOnExhaustedFailTask(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	taskID, ids := b.task(`{"name": "t", "steps": [
 		{"name": "a", "handler": "h", "priority": 10},
 		{"name": "sibling", "handler": "h", "priority": 5},
 		{"name": "idle", "handler": "h"},
 		{"name": "child", "handler": "h", "depends_on": ["sibling"]}]}`)
-	require.Equal(t, []int64{ids["a"], ids["sibling"]}, lcClaimedIDs(b.claim(2, at)))
-	attemptA := lcDeref(b.start(ids["a"], at))
-	attemptSib := lcDeref(b.start(ids["sibling"], at))
+	require.Equal(t, []int64{ids["a"], ids["sibling"]}, claimedIDs(b.claim(2, at)))
+	attemptA := deref(b.start(ids["a"], at))
+	attemptSib := deref(b.start(ids["sibling"], at))
 
 	r := b.fail(ids["a"], attemptA, `{"class": "permanent"}`, at, 0)
-	require.Equal(t, "error", lcDeref(r.State))
+	require.Equal(t, "error", deref(r.State))
 	b.requireStatus(taskID, "error")
 	require.Empty(t, b.claimIDs(at.Add(time.Hour)), "no new step of the task starts")
 	b.requireNotReady(ids["idle"], at, "task_not_active")
@@ -498,31 +498,31 @@ func TestFailStepOnExhaustedFailTask(t *testing.T) {
 
 func TestFailStepOnExhaustedSkip(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	taskID, ids := b.task(`{"name": "t", "steps": [
 		{"name": "a", "handler": "h", "on_exhausted": "skip", "retry": {"max_attempts": 1}},
 		{"name": "dep", "handler": "h", "depends_on": ["a"]}]}`)
 	attempt := b.run(ids["a"], at)
 	r := b.fail(ids["a"], attempt, `{"class": "transient"}`, at, 0)
-	require.Equal(t, "skipped", lcDeref(r.State))
-	require.Equal(t, "retries_exhausted", lcDeref(r.Reason))
+	require.Equal(t, "skipped", deref(r.State))
+	require.Equal(t, "retries_exhausted", deref(r.Reason))
 	require.Nil(t, r.NextAttemptAt)
 	b.requireState(ids["a"], "skipped")
 	require.Equal(t, []string{"attempt.failed", "step.failed", "step.skipped"},
-		lcEventNames(b.lastEvents(ids["a"], 3)))
+		eventNames(b.lastEvents(ids["a"], 3)))
 	b.requireStatus(taskID, "in_progress")
 
 	// The dependent proceeds and the task completes.
 	require.Equal(t, []int64{ids["dep"]}, b.claimIDs(at))
-	require.True(t, b.complete(ids["dep"], lcDeref(b.start(ids["dep"], at)), `{}`, at))
+	require.True(t, b.complete(ids["dep"], deref(b.start(ids["dep"], at)), `{}`, at))
 	b.requireStatus(taskID, "complete")
 }
 
 func TestFailStepOnExhaustedSkipCascade(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	// a -> b -> c, a -> c, plus an unrelated branch x -> y.
 	taskID, ids := b.task(`{"name": "t", "steps": [
 		{"name": "a", "handler": "h", "on_exhausted": "skip_cascade"},
@@ -532,8 +532,8 @@ func TestFailStepOnExhaustedSkipCascade(t *testing.T) {
 		{"name": "y", "handler": "h", "depends_on": ["x"]}]}`)
 	attempt := b.run(ids["a"], at)
 	r := b.fail(ids["a"], attempt, `{"class": "permanent"}`, at, 0)
-	require.Equal(t, "skipped", lcDeref(r.State))
-	require.Equal(t, "not_retryable", lcDeref(r.Reason))
+	require.Equal(t, "skipped", deref(r.State))
+	require.Equal(t, "not_retryable", deref(r.Reason))
 
 	for _, name := range []string{"a", "b", "c"} {
 		b.requireState(ids[name], "skipped")
@@ -541,14 +541,14 @@ func TestFailStepOnExhaustedSkipCascade(t *testing.T) {
 	for _, name := range []string{"b", "c"} {
 		ev := b.lastEvents(ids[name], 1)[0]
 		require.Equal(t, "step.skipped", ev.Event, name)
-		require.Equal(t, "pending", lcDeref(ev.FromState), name)
+		require.Equal(t, "pending", deref(ev.FromState), name)
 	}
 	b.requireState(ids["x"], "pending")
 	b.requireStatus(taskID, "in_progress")
 
 	require.Equal(t, []int64{ids["x"]}, b.claimIDs(at), "the unrelated branch proceeds")
-	require.True(t, b.complete(ids["x"], lcDeref(b.start(ids["x"], at)), `{}`, at))
+	require.True(t, b.complete(ids["x"], deref(b.start(ids["x"], at)), `{}`, at))
 	require.Equal(t, []int64{ids["y"]}, b.claimIDs(at))
-	require.True(t, b.complete(ids["y"], lcDeref(b.start(ids["y"], at)), `{}`, at))
+	require.True(t, b.complete(ids["y"], deref(b.start(ids["y"], at)), `{}`, at))
 	b.requireStatus(taskID, "complete")
 }

@@ -21,7 +21,7 @@ import (
 // requireOldRunRefused plays every call an attempt's worker can make with token old, at asOf, and requires each to
 // be refused and to change nothing in the task (snapshot taken before, with the leases of steps outside flight
 // left out when beyondLeases: the first refused call ends an orphaned lease of the attempt, and only that).
-func (b *lcBundle) requireOldRunRefused(taskID, step int64, old int, asOf time.Time, beyondLeases bool) {
+func (b *lifecycleBundle) requireOldRunRefused(taskID, step int64, old int, asOf time.Time, beyondLeases bool) {
 	b.t.Helper()
 	snap := b.taskSnapshot
 	if beyondLeases {
@@ -31,9 +31,9 @@ func (b *lcBundle) requireOldRunRefused(taskID, step int64, old int, asOf time.T
 	require.False(b.t, b.boolCall(`SELECT stepready.heartbeat_step($1, $2, 90000, $3)`, step, old, asOf),
 		"heartbeat of the old run")
 	require.False(b.t, b.complete(step, old, `{"old": true}`, asOf), "complete of the old run")
-	require.Equal(b.t, "stale_attempt", lcDeref(b.fail(step, old, `{"class": "transient"}`, asOf, 0).Reason),
+	require.Equal(b.t, "stale_attempt", deref(b.fail(step, old, `{"class": "transient"}`, asOf, 0).Reason),
 		"fail of the old run")
-	require.False(b.t, b.continueStep(step, old, `{"old": true}`, lcPtr(`{"old": true}`), 0, asOf),
+	require.False(b.t, b.continueStep(step, old, `{"old": true}`, ptr(`{"old": true}`), 0, asOf),
 		"continue of the old run")
 	require.False(b.t, b.boolCall(`SELECT stepready.release_step($1, $2, $3)`, step, old, asOf),
 		"release of the old run")
@@ -49,27 +49,27 @@ func (b *lcBundle) requireOldRunRefused(taskID, step int64, old int, asOf time.T
 func TestFencingTokenNeverRepeats(t *testing.T) {
 	t.Parallel()
 	const def = `"retry": {"max_attempts": 5, "backoff": "fixed", "base_delay_ms": 0}`
-	t0 := lcBase
-	t1 := t0.Add(lcLease + lcTick) // the old run's lease has expired: it runs on, cut off (a partition, a pause)
+	t0 := testBase
+	t1 := t0.Add(testLease + tick) // the old run's lease has expired: it runs on, cut off (a partition, a pause)
 	cases := []struct {
 		name string
 		// run starts the old run at t0, takes it away, starts the new run; it returns both tokens and the new
 		// run's attempt number (0: no new run).
-		run func(b *lcBundle, taskID, step int64) (old, cur, attempt int)
+		run func(b *lifecycleBundle, taskID, step int64) (old, cur, attempt int)
 	}{
-		{"cancel + reset during an attempt", func(b *lcBundle, taskID, step int64) (int, int, int) {
+		{"cancel + reset during an attempt", func(b *lifecycleBundle, taskID, step int64) (int, int, int) {
 			old := b.run(step, t0)
 			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, t0)
 			require.Equal(b.t, 1, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, t0))
 			cur := b.run(step, t1)
 			return old, cur, 1
 		}},
-		{"reap + re-claim during an attempt", func(b *lcBundle, _, step int64) (int, int, int) {
+		{"reap + re-claim during an attempt", func(b *lifecycleBundle, _, step int64) (int, int, int) {
 			old := b.run(step, t0)
 			require.Equal(b.t, 1, b.reap(t1, 10))
 			return old, b.run(step, t1), 2
 		}},
-		{"reap + reset + re-claim", func(b *lcBundle, taskID, step int64) (int, int, int) {
+		{"reap + reset + re-claim", func(b *lifecycleBundle, taskID, step int64) (int, int, int) {
 			old := b.run(step, t0)
 			b.exec(`UPDATE stepready.steps SET max_attempts = 1 WHERE id = $1`, step)
 			require.Equal(b.t, 1, b.reap(t1, 10))
@@ -77,19 +77,19 @@ func TestFencingTokenNeverRepeats(t *testing.T) {
 			require.Equal(b.t, 1, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, t1))
 			return old, b.run(step, t1), 1
 		}},
-		{"continue + reap + re-claim", func(b *lcBundle, _, step int64) (int, int, int) {
+		{"continue + reap + re-claim", func(b *lifecycleBundle, _, step int64) (int, int, int) {
 			old := b.run(step, t0) // iteration 0, attempt 1: reaped, runs on
 			require.Equal(b.t, 1, b.reap(t1, 10))
 			second := b.run(step, t1) // iteration 0, attempt 2: continues
 			require.True(b.t, b.continueStep(step, second, `{}`, nil, 0, t1))
 			return old, b.run(step, t1), 1 // iteration 1, attempt 1 again
 		}},
-		{"release + re-claim", func(b *lcBundle, _, step int64) (int, int, int) {
+		{"release + re-claim", func(b *lifecycleBundle, _, step int64) (int, int, int) {
 			old := b.run(step, t0)
 			require.True(b.t, b.boolCall(`SELECT stepready.release_step($1, $2, $3)`, step, old, t0))
 			return old, b.run(step, t1), 1
 		}},
-		{"resolve during an attempt", func(b *lcBundle, _, step int64) (int, int, int) {
+		{"resolve during an attempt", func(b *lifecycleBundle, _, step int64) (int, int, int) {
 			old := b.run(step, t0)
 			require.True(b.t, b.boolCall(`SELECT stepready.resolve_step($1, '{"by": "hand"}', $2)`, step, t0))
 			return old, 0, 0
@@ -98,12 +98,12 @@ func TestFencingTokenNeverRepeats(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep(def)
 			old, cur, attempt := tc.run(b, taskID, step)
 			if cur == 0 {
 				b.requireOldRunRefused(taskID, step, old, t1, true)
-				require.JSONEq(t, `{"by": "hand"}`, lcDeref(b.step(step).Output))
+				require.JSONEq(t, `{"by": "hand"}`, deref(b.step(step).Output))
 				return
 			}
 			require.Greater(t, cur, old, "the new run's token is past the old run's")
@@ -116,7 +116,7 @@ func TestFencingTokenNeverRepeats(t *testing.T) {
 			// The new run is untouched: its heartbeat and result pass.
 			require.True(t, b.boolCall(`SELECT stepready.heartbeat_step($1, $2, 90000, $3)`, step, cur, t1))
 			require.True(t, b.complete(step, cur, `{"new": true}`, t1))
-			require.JSONEq(t, `{"new": true}`, lcDeref(b.step(step).Output))
+			require.JSONEq(t, `{"new": true}`, deref(b.step(step).Output))
 			// The old run stays refused once the step is complete.
 			b.requireOldRunRefused(taskID, step, old, t1, false)
 		})
@@ -127,35 +127,35 @@ func TestFencingTokenNeverRepeats(t *testing.T) {
 // in `attempt` (start_step's int) and the attempt number users see in `attempt_number`; events record the number.
 func TestStartFunctionsReturnTokenAndAttemptNumber(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	taskID, step := b.oneStep(`"retry": {"max_attempts": 5, "backoff": "fixed", "base_delay_ms": 0}`)
-	at := lcBase
+	at := testBase
 
 	got := b.claimAndStart(10, at)
 	require.Len(t, got, 1)
-	require.Equal(t, 1, lcDeref(got[0].Attempt))
-	require.Equal(t, 1, lcDeref(got[0].AttemptNumber))
+	require.Equal(t, 1, deref(got[0].Attempt))
+	require.Equal(t, 1, deref(got[0].AttemptNumber))
 	b.fail(step, 1, `{"class": "permanent"}`, at, 0)
 	require.Equal(t, 1, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, at))
 
 	// claim_and_start_steps after the reset: attempt 1 again, token 2.
 	got = b.claimAndStart(10, at)
 	require.Len(t, got, 1)
-	require.Equal(t, 2, lcDeref(got[0].Attempt), "token")
-	require.Equal(t, 1, lcDeref(got[0].AttemptNumber), "attempt number")
-	require.Equal(t, 1, lcDeref(b.lastEvents(step, 1)[0].Attempt), "attempt.started records the attempt number")
+	require.Equal(t, 2, deref(got[0].Attempt), "token")
+	require.Equal(t, 1, deref(got[0].AttemptNumber), "attempt number")
+	require.Equal(t, 1, deref(b.lastEvents(step, 1)[0].Attempt), "attempt.started records the attempt number")
 	require.True(t, b.boolCall(`SELECT stepready.release_step($1, 2, $2)`, step, at))
 
 	// start_steps after claim_ready_steps: attempt 1 again, token 3.
 	require.Equal(t, []int64{step}, b.claimIDs(at))
 	starts := b.startSteps([]int64{step}, at)
-	require.Equal(t, 3, lcDeref(starts[step].Attempt), "token")
-	require.Equal(t, 1, lcDeref(starts[step].AttemptNumber), "attempt number")
+	require.Equal(t, 3, deref(starts[step].Attempt), "token")
+	require.Equal(t, 1, deref(starts[step].AttemptNumber), "attempt number")
 	require.True(t, b.boolCall(`SELECT stepready.release_step($1, 3, $2)`, step, at))
 
 	// start_step: the token.
 	require.Equal(t, []int64{step}, b.claimIDs(at))
-	require.Equal(t, 4, lcDeref(b.start(step, at)))
+	require.Equal(t, 4, deref(b.start(step, at)))
 	require.Equal(t, 1, b.step(step).Attempts)
 	// A step no longer enqueued: NULL in both columns.
 	starts = b.startSteps([]int64{step}, at)
@@ -168,21 +168,21 @@ func TestStartFunctionsReturnTokenAndAttemptNumber(t *testing.T) {
 // count and never goes down.
 func TestFencingTokenFollowsAttemptsSetByHand(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	taskID := b.intCall(`INSERT INTO stepready.tasks (name) VALUES ('t') RETURNING id::int`)
 	step := int64(b.intCall(`INSERT INTO stepready.steps (task_id, name, handler, state, attempts, lease_owner,
 		lease_expires_at) VALUES ($1, 's', 'h', 'in_progress', 2, 'w', $2) RETURNING id::int`, taskID,
-		lcBase.Add(lcLease)))
+		testBase.Add(testLease)))
 	require.Equal(t, 2, b.step(step).FenceToken)
 	b.exec(`UPDATE stepready.steps SET attempts = 3 WHERE id = $1`, step)
 	require.Equal(t, 3, b.step(step).FenceToken)
 	b.exec(`UPDATE stepready.steps SET fence_token = 1, attempts = 0 WHERE id = $1`, step)
 	require.Equal(t, 3, b.step(step).FenceToken, "never lowered")
-	require.True(t, b.complete(step, 3, `{}`, lcBase))
+	require.True(t, b.complete(step, 3, `{}`, testBase))
 }
 
 // keyedRunning creates n one-step tasks on concurrency key k (limit 1 unless more) and starts the first step.
-func (b *lcBundle) keyedRunning(n, limit int, at time.Time) (tasks, steps []int64, token int) {
+func (b *lifecycleBundle) keyedRunning(n, limit int, at time.Time) (tasks, steps []int64, token int) {
 	b.t.Helper()
 	steps = b.keyedTasks(n, fmt.Sprintf(`"concurrency": {"key": "k", "limit": %d},
 		"retry": {"max_attempts": 5, "backoff": "fixed", "base_delay_ms": 0}`, limit))
@@ -201,49 +201,49 @@ func (b *lcBundle) keyedRunning(n, limit int, at time.Time) (tasks, steps []int6
 // does not). Before schema version 9 the next step was claimable right after the operator's action.
 func TestOperatorsKeepTheSlotWhileTheAttemptRuns(t *testing.T) {
 	t.Parallel()
-	at := lcBase
-	lease := at.Add(lcLease)
+	at := testBase
+	lease := at.Add(testLease)
 	ops := []struct {
 		name string
-		act  func(b *lcBundle, taskID, step int64)
+		act  func(b *lifecycleBundle, taskID, step int64)
 	}{
-		{"cancel", func(b *lcBundle, taskID, _ int64) {
+		{"cancel", func(b *lifecycleBundle, taskID, _ int64) {
 			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, at)
 		}},
-		{"resolve", func(b *lcBundle, _, step int64) {
+		{"resolve", func(b *lifecycleBundle, _, step int64) {
 			require.True(b.t, b.boolCall(`SELECT stepready.resolve_step($1, '{}', $2)`, step, at))
 		}},
-		{"cancel + reset", func(b *lcBundle, taskID, _ int64) {
+		{"cancel + reset", func(b *lifecycleBundle, taskID, _ int64) {
 			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, at)
 			require.Equal(b.t, 1, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, at))
 		}},
 	}
 	ends := []struct {
 		name string
-		end  func(b *lcBundle, step int64, token int) time.Time // returns when the slot is free
+		end  func(b *lifecycleBundle, step int64, token int) time.Time // returns when the slot is free
 	}{
-		{"the worker reports", func(b *lcBundle, step int64, token int) time.Time {
+		{"the worker reports", func(b *lifecycleBundle, step int64, token int) time.Time {
 			require.Equal(b.t, "stale_attempt",
-				lcDeref(b.fail(step, token, `{"class": "canceled"}`, at.Add(time.Second), 0).Reason))
+				deref(b.fail(step, token, `{"class": "canceled"}`, at.Add(time.Second), 0).Reason))
 			return at.Add(time.Second)
 		}},
-		{"the worker releases", func(b *lcBundle, step int64, token int) time.Time {
+		{"the worker releases", func(b *lifecycleBundle, step int64, token int) time.Time {
 			require.False(b.t, b.boolCall(`SELECT stepready.release_step($1, $2, $3)`, step, token, at))
 			return at
 		}},
-		{"the lease expires", func(b *lcBundle, step int64, token int) time.Time {
+		{"the lease expires", func(b *lifecycleBundle, step int64, token int) time.Time {
 			// A heartbeat of the orphaned attempt neither extends nor ends it.
 			require.False(b.t, b.boolCall(`SELECT stepready.heartbeat_step($1, $2, 600000, $3)`, step, token, at))
 			require.Equal(b.t, 1, b.intCall(`SELECT stepready._flow_in_flight('k', $1)`, lease))
 			require.Empty(b.t, b.startIDs(10, lease), "at lease_expires_at the lease still holds")
-			return lease.Add(lcTick)
+			return lease.Add(tick)
 		}},
 	}
 	for _, op := range ops {
 		for _, end := range ends {
 			t.Run(op.name+", then "+end.name, func(t *testing.T) {
 				t.Parallel()
-				b := lcSetup(t)
+				b := lifecycleSetup(t)
 				tasks, steps, token := b.keyedRunning(2, 1, at)
 				op.act(b, tasks[0], steps[0])
 				require.Equal(t, 1, b.inFlight("k"), "the old attempt still holds the slot")
@@ -276,12 +276,12 @@ func TestOperatorsKeepTheSlotWhileTheAttemptRuns(t *testing.T) {
 // orphaned lease with a lease.expired event.
 func TestResetWaitsForTheOldAttempt(t *testing.T) {
 	t.Parallel()
-	at := lcBase
-	lease := at.Add(lcLease)
+	at := testBase
+	lease := at.Add(testLease)
 
 	t.Run("until the lease ends", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		taskID, step := b.oneStep("")
 		token := b.run(step, at)
 		b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, at)
@@ -294,21 +294,21 @@ func TestResetWaitsForTheOldAttempt(t *testing.T) {
 			taskID, lease))
 		require.Equal(t, "processing", b.strCall(`SELECT execution_status FROM stepready.task_execution_context($1, $2)`,
 			taskID, lease))
-		lcRequireTime(t, lease.Add(lcTick), b.strTimeCall(`SELECT stepready.next_claim_at($1)`, at), "next_claim_at")
+		requireTime(t, lease.Add(tick), b.strTimeCall(`SELECT stepready.next_claim_at($1)`, at), "next_claim_at")
 
-		b.requireReady(step, lease.Add(lcTick))
-		require.Equal(t, 1, b.reap(lease.Add(lcTick), 10), "the reaper clears the expired orphaned lease")
+		b.requireReady(step, lease.Add(tick))
+		require.Equal(t, 1, b.reap(lease.Add(tick), 10), "the reaper clears the expired orphaned lease")
 		ev := b.lastEvents(step, 1)[0]
 		require.Equal(t, "lease.expired", ev.Event)
 		require.Equal(t, true, ev.Details["orphaned"])
 		require.Nil(t, b.step(step).LeaseExpiresAt)
-		require.Equal(t, []int64{step}, b.claimIDs(lease.Add(lcTick)))
-		require.Equal(t, token+1, lcDeref(b.start(step, lease.Add(lcTick))))
+		require.Equal(t, []int64{step}, b.claimIDs(lease.Add(tick)))
+		require.Equal(t, token+1, deref(b.start(step, lease.Add(tick))))
 	})
 
 	t.Run("until the old worker reports", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		taskID, step := b.oneStep("")
 		token := b.run(step, at)
 		b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, at)
@@ -327,8 +327,8 @@ func TestResetWaitsForTheOldAttempt(t *testing.T) {
 // pruned until the attempt has ended, so its slot is never freed under a running handler.
 func TestPruneKeepsTasksWhoseAttemptMayRun(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	tasks, steps, token := b.keyedRunning(2, 1, at)
 	b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, tasks[0], at)
 	require.Equal(t, 0, b.intCall(`SELECT stepready.prune_tasks($1, '{cancelled}')`, at.Add(time.Hour)))
@@ -337,14 +337,14 @@ func TestPruneKeepsTasksWhoseAttemptMayRun(t *testing.T) {
 	require.Equal(t, 1, b.intCall(`SELECT stepready.prune_tasks($1, '{cancelled}')`, at.Add(time.Hour)))
 }
 
-func (b *lcBundle) strCall(sql string, args ...any) string {
+func (b *lifecycleBundle) strCall(sql string, args ...any) string {
 	b.t.Helper()
 	var s string
 	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, sql, args...).Scan(&s))
 	return s
 }
 
-func (b *lcBundle) strTimeCall(sql string, args ...any) *time.Time {
+func (b *lifecycleBundle) strTimeCall(sql string, args ...any) *time.Time {
 	b.t.Helper()
 	var at *time.Time
 	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, sql, args...).Scan(&at))
@@ -361,9 +361,9 @@ func (b *lcBundle) strTimeCall(sql string, args ...any) *time.Time {
 // sides.
 func TestOperatorsPruneAndWorkersNeverDeadlock(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	const operators, rounds = 5, 150
-	at := lcBase
+	at := testBase
 	ctx, cancel := context.WithTimeout(b.ctx, 4*time.Minute)
 	defer cancel()
 	var created, pruned, workerDeadlocks atomic.Int64
@@ -392,7 +392,7 @@ func TestOperatorsPruneAndWorkersNeverDeadlock(t *testing.T) {
 		}
 		created.Add(1)
 		_, err = b.db.Pool.Exec(ctx, `SELECT stepready.cancel_task($1, 'feed', $2)`, id, at)
-		if code := lcSQLState(err); code == "55000" || code == "P0002" {
+		if code := sqlState(err); code == "55000" || code == "P0002" {
 			return nil // an operator got there first
 		}
 		return err
@@ -439,7 +439,7 @@ func TestOperatorsPruneAndWorkersNeverDeadlock(t *testing.T) {
 				sql += fmt.Sprintf(` WHERE t.id = (SELECT id FROM stepready.tasks ORDER BY id OFFSET %d LIMIT 1)`,
 					rng.IntN(1+rng.IntN(20)))
 				if _, err := b.db.Pool.Exec(ctx, sql, at.Add(time.Minute)); err != nil {
-					if code := lcSQLState(err); code != "55000" && code != "P0002" {
+					if code := sqlState(err); code != "55000" && code != "P0002" {
 						errs <- fmt.Errorf("operator: %s: %w", sql, err)
 						return
 					}
@@ -473,7 +473,7 @@ func TestOperatorsPruneAndWorkersNeverDeadlock(t *testing.T) {
 		retry := func(f func() error) error {
 			for {
 				err := f()
-				if lcSQLState(err) != "40P01" {
+				if sqlState(err) != "40P01" {
 					return err
 				}
 				workerDeadlocks.Add(1)
@@ -541,10 +541,10 @@ func TestOperatorsPruneAndWorkersNeverDeadlock(t *testing.T) {
 		   OR t.steps_in_error <> (SELECT count(*) FROM stepready.steps s WHERE s.task_id = t.id AND s.state = 'error')
 		   OR t.steps_unsatisfied <> (SELECT count(*) FROM stepready.steps s WHERE s.task_id = t.id
 		                               AND NOT stepready._satisfies(s.state))`), "task counters match their steps")
-	require.Empty(t, b.lcBookkeepingViolations(map[int64]time.Time{}, map[int64]string{}))
+	require.Empty(t, b.bookkeepingViolations(map[int64]time.Time{}, map[int64]string{}))
 }
 
-func lcSQLState(err error) string {
+func sqlState(err error) string {
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
 		return pgErr.Code

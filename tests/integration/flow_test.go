@@ -16,7 +16,7 @@ import (
 
 // keyedTasks creates n one-step tasks whose step has the given flow fields (JSON, without braces) and returns
 // their step ids in creation order.
-func (b *lcBundle) keyedTasks(n int, fields string) []int64 {
+func (b *lifecycleBundle) keyedTasks(n int, fields string) []int64 {
 	b.t.Helper()
 	ids := make([]int64, n)
 	for i := range ids {
@@ -27,7 +27,7 @@ func (b *lcBundle) keyedTasks(n int, fields string) []int64 {
 }
 
 // explainMessages returns the "reason: message" lines explain_step gives for a step at asOf.
-func (b *lcBundle) explainMessages(stepID int64, asOf time.Time) []string {
+func (b *lifecycleBundle) explainMessages(stepID int64, asOf time.Time) []string {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx, `SELECT reason, message FROM stepready.explain_step($1, $2)`, stepID, asOf)
 	require.NoError(b.t, err)
@@ -41,16 +41,16 @@ func (b *lcBundle) explainMessages(stepID int64, asOf time.Time) []string {
 	return got
 }
 
-// inFlight is the number of slots of a key taken at lcBase: steps in flight, and orphaned leases (a running
+// inFlight is the number of slots of a key taken at testBase: steps in flight, and orphaned leases (a running
 // attempt an operator moved out of flight) not expired.
-func (b *lcBundle) inFlight(key string) int {
+func (b *lifecycleBundle) inFlight(key string) int {
 	b.t.Helper()
-	return b.intCall(`SELECT stepready._flow_in_flight($1, $2)`, key, lcBase)
+	return b.intCall(`SELECT stepready._flow_in_flight($1, $2)`, key, testBase)
 }
 
 func TestFlowDefinitionFieldsAndPlaceholders(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	_, ids := b.task(`{"name": "t", "context": {"tenant": {"id": 42}, "flag": true},
 		"concurrency": {"key": "tenant:${context.tenant.id}", "limit": 5},
 		"rate_limit": {"key": "api", "limit": 10, "period_ms": 1000},
@@ -74,9 +74,9 @@ func TestFlowDefinitionFieldsAndPlaceholders(t *testing.T) {
 			Scan(&c.CKey, &c.CLimit, &c.RKey, &c.RLimit, &c.RMs, &c.Flow))
 		return c
 	}
-	require.Equal(t, cols{lcPtr("tenant:42"), lcPtr(5), lcPtr("api"), lcPtr(10), lcPtr(int64(1000)), "tenant:42"},
+	require.Equal(t, cols{ptr("tenant:42"), ptr(5), ptr("api"), ptr(10), ptr(int64(1000)), "tenant:42"},
 		get(ids["a"]), "the task's fields are the default of its steps")
-	require.Equal(t, cols{lcPtr("own-github-true"), lcPtr(2), lcPtr("api:github"), lcPtr(3), lcPtr(int64(60000)),
+	require.Equal(t, cols{ptr("own-github-true"), ptr(2), ptr("api:github"), ptr(3), ptr(int64(60000)),
 		"own-github-true"}, get(ids["b"]), "a step's own fields win, placeholders resolved")
 
 	// A rate key alone is the fairness key; no key at all is the '' group.
@@ -124,11 +124,11 @@ func TestFlowDefinitionFieldsAndPlaceholders(t *testing.T) {
 			[]string{`concurrency: key`}},
 	} {
 		err := b.callErr(`SELECT stepready.create_task($1::jsonb)`, tc.def)
-		lcRequireSQLState(t, err, "22023", tc.contains...)
+		requireSQLState(t, err, "22023", tc.contains...)
 	}
 	// Plain SQL: a key without its limit.
 	err := b.callErr(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key) VALUES ($1, 'z', 'h', 'k')`, taskID)
-	lcRequireSQLState(t, err, "22023", `step "z"`, "concurrency_key and concurrency_limit go together")
+	requireSQLState(t, err, "22023", `step "z"`, "concurrency_key and concurrency_limit go together")
 }
 
 // A key never has more than its limit in flight; every way out of flight frees a slot at once.
@@ -137,59 +137,59 @@ func TestFlowConcurrencyLimitAndEveryRelease(t *testing.T) {
 	const fields = `"concurrency": {"key": "k", "limit": 2}, "retry": {"max_attempts": 3, "backoff": "none"}`
 	for _, tc := range []struct {
 		name    string
-		release func(b *lcBundle, stepID int64, asOf time.Time)
+		release func(b *lifecycleBundle, stepID int64, asOf time.Time)
 	}{
-		{"complete", func(b *lcBundle, id int64, at time.Time) {
+		{"complete", func(b *lifecycleBundle, id int64, at time.Time) {
 			require.True(b.t, b.complete(id, b.attemptOf(id), `{}`, at))
 		}},
-		{"fail with a retry", func(b *lcBundle, id int64, at time.Time) {
+		{"fail with a retry", func(b *lifecycleBundle, id int64, at time.Time) {
 			r := b.fail(id, b.attemptOf(id), `{"message": "boom"}`, at, 0)
-			require.Equal(b.t, "waiting_for_retry", lcDeref(r.State))
+			require.Equal(b.t, "waiting_for_retry", deref(r.State))
 		}},
-		{"fail for good", func(b *lcBundle, id int64, at time.Time) {
+		{"fail for good", func(b *lifecycleBundle, id int64, at time.Time) {
 			b.exec(`UPDATE stepready.steps SET max_attempts = 1 WHERE id = $1`, id)
 			r := b.fail(id, b.attemptOf(id), `{"message": "boom"}`, at, 0)
-			require.Equal(b.t, "error", lcDeref(r.State))
+			require.Equal(b.t, "error", deref(r.State))
 		}},
-		{"release", func(b *lcBundle, id int64, at time.Time) {
+		{"release", func(b *lifecycleBundle, id int64, at time.Time) {
 			require.True(b.t, b.boolCall(`SELECT stepready.release_step($1, $2, $3)`, id, b.attemptOf(id), at))
 		}},
-		{"reap", func(b *lcBundle, id int64, at time.Time) {
+		{"reap", func(b *lifecycleBundle, id int64, at time.Time) {
 			b.exec(`UPDATE stepready.steps SET lease_expires_at = $2 WHERE id = $1`, id, at.Add(-time.Second))
 			require.Equal(b.t, 1, b.intCall(`SELECT stepready.reap_expired_leases($1)`, at))
 		}},
 		// A cancelled attempt keeps its slot while its handler may run: until its worker reports...
-		{"cancel, then the worker reports", func(b *lcBundle, id int64, at time.Time) {
+		{"cancel, then the worker reports", func(b *lifecycleBundle, id int64, at time.Time) {
 			attempt := b.attemptOf(id)
 			b.exec(`SELECT stepready.cancel_task(task_id, 'no', $2) FROM stepready.steps WHERE id = $1`, id, at)
 			require.Equal(b.t, 2, b.inFlight("k"), "the cancelled attempt still holds its slot")
-			require.Equal(b.t, "stale_attempt", lcDeref(b.fail(id, attempt, `{"class": "canceled"}`, at, 0).Reason))
+			require.Equal(b.t, "stale_attempt", deref(b.fail(id, attempt, `{"class": "canceled"}`, at, 0).Reason))
 		}},
 		// ... or its lease expires: the count tests the expiry itself (at the microsecond), the reaper clears it.
-		{"cancel, then the lease expires", func(b *lcBundle, id int64, at time.Time) {
+		{"cancel, then the lease expires", func(b *lifecycleBundle, id int64, at time.Time) {
 			b.exec(`UPDATE stepready.steps SET lease_expires_at = $2 WHERE id = $1`, id, at.Add(time.Minute))
 			b.exec(`SELECT stepready.cancel_task(task_id, 'no', $2) FROM stepready.steps WHERE id = $1`, id, at)
 			require.Equal(b.t, 2, b.intCall(`SELECT stepready._flow_in_flight('k', $1)`, at.Add(time.Minute)))
-			require.Equal(b.t, 1, b.intCall(`SELECT stepready._flow_in_flight('k', $1)`, at.Add(time.Minute+lcTick)))
+			require.Equal(b.t, 1, b.intCall(`SELECT stepready._flow_in_flight('k', $1)`, at.Add(time.Minute+tick)))
 			b.exec(`UPDATE stepready.steps SET lease_expires_at = $2 WHERE id = $1`, id, at.Add(-time.Second))
 			require.Equal(b.t, 1, b.intCall(`SELECT stepready.reap_expired_leases($1)`, at))
 			require.Nil(b.t, b.step(id).LeaseExpiresAt)
 		}},
-		{"resolve, then the worker reports", func(b *lcBundle, id int64, at time.Time) {
+		{"resolve, then the worker reports", func(b *lifecycleBundle, id int64, at time.Time) {
 			attempt := b.attemptOf(id)
 			b.exec(`SELECT stepready.resolve_step($1, '{}', $2)`, id, at)
 			require.Equal(b.t, 2, b.inFlight("k"), "the resolved attempt still holds its slot")
 			require.False(b.t, b.complete(id, attempt, `{}`, at))
 		}},
-		{"delete (prune)", func(b *lcBundle, id int64, _ time.Time) {
+		{"delete (prune)", func(b *lifecycleBundle, id int64, _ time.Time) {
 			b.exec(`DELETE FROM stepready.tasks WHERE id = (SELECT task_id FROM stepready.steps WHERE id = $1)`, id)
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			ids := b.keyedTasks(5, fields)
-			at := lcBase
+			at := testBase
 			got := b.startIDs(10, at)
 			require.Equal(t, ids[:2], got, "two of five: the limit")
 			require.Equal(t, 2, b.inFlight("k"))
@@ -211,9 +211,9 @@ func TestFlowConcurrencyLimitAndEveryRelease(t *testing.T) {
 // Reset (after cancel or failure) puts steps back as pending: they count again only when claimed.
 func TestFlowResetAndOverrides(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	ids := b.keyedTasks(6, `"concurrency": {"key": "k", "limit": 3}`)
-	at := lcBase
+	at := testBase
 	require.Len(t, b.startIDs(10, at), 3)
 
 	// An operator lowers the limit: no claim until in flight drops below it.
@@ -241,7 +241,7 @@ func TestFlowResetAndOverrides(t *testing.T) {
 		`SELECT stepready.set_flow_limit('', 1)`,
 		`SELECT stepready.set_flow_limit('k', NULL, 0, 1000)`,
 	} {
-		lcRequireSQLState(t, b.callErr(sql), "22023")
+		requireSQLState(t, b.callErr(sql), "22023")
 	}
 
 	// Cancel and reset: the cancelled in-flight step keeps its slot while its attempt may still run, and the reset
@@ -263,19 +263,19 @@ func TestFlowResetAndOverrides(t *testing.T) {
 // The token bucket at the exact boundary of p_as_of: 2 per second is a token every 500 ms, a burst of 2.
 func TestFlowRateBoundary(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	ids := b.keyedTasks(6, `"rate_limit": {"key": "api", "limit": 2, "period_ms": 1000}`)
-	t0 := lcBase
+	t0 := testBase
 	require.Equal(t, ids[:2], b.startIDs(10, t0), "a full bucket: a burst of two")
 	b.requireNotReady(ids[2], t0, "rate_limited")
 	require.Equal(t, []string{"rate_limited: rate limited by api: next slot in 0.5s"}, b.explainMessages(ids[2], t0))
 
 	var next *time.Time
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.next_claim_at($1)`, t0).Scan(&next))
-	lcRequireTime(t, t0.Add(500*time.Millisecond), next, "next_claim_at: the next token")
+	requireTime(t, t0.Add(500*time.Millisecond), next, "next_claim_at: the next token")
 
-	require.Empty(t, b.startIDs(10, t0.Add(500*time.Millisecond-lcTick)), "1 µs before the token")
-	b.requireNotReady(ids[2], t0.Add(500*time.Millisecond-lcTick), "rate_limited")
+	require.Empty(t, b.startIDs(10, t0.Add(500*time.Millisecond-tick)), "1 µs before the token")
+	b.requireNotReady(ids[2], t0.Add(500*time.Millisecond-tick), "rate_limited")
 	b.requireReady(ids[2], t0.Add(500*time.Millisecond))
 	require.Equal(t, ids[2:3], b.startIDs(10, t0.Add(500*time.Millisecond)), "one token at 500 ms")
 	require.Empty(t, b.startIDs(10, t0.Add(999*time.Millisecond)))
@@ -302,10 +302,10 @@ func TestFlowRateBoundary(t *testing.T) {
 		FROM stepready.flow_status($1) WHERE key = 'api'`, t0.Add(35*time.Second)).
 		Scan(&status.Key, &status.Tokens, &status.Next, &status.Waiting, &status.Override, &status.Blocked))
 	require.InDelta(t, 0.5, status.Tokens, 1e-9)
-	lcRequireTime(t, t0.Add(40*time.Second), status.Next, "next token")
+	requireTime(t, t0.Add(40*time.Second), status.Next, "next token")
 	require.Equal(t, 1, status.Waiting)
 	require.True(t, status.Override)
-	require.Equal(t, "rate_limited", lcDeref(status.Blocked))
+	require.Equal(t, "rate_limited", deref(status.Blocked))
 }
 
 // A token whose time is not a whole microsecond (3 per second: one every 333,333.33 µs) is there at the same
@@ -315,9 +315,9 @@ func TestFlowRateBoundary(t *testing.T) {
 // and recorded no wake-up.)
 func TestFlowRateTokenAtAFractionalMicrosecond(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	ids := b.keyedTasks(5, `"rate_limit": {"key": "api", "limit": 3, "period_ms": 1000}`)
-	t0 := lcBase
+	t0 := testBase
 	require.Equal(t, ids[:3], b.startIDs(10, t0), "a full bucket: a burst of three")
 	// Three starts moved the bucket's tat to t0 + 999,999 µs (each start adds 333,333.33 µs, rounded to the
 	// microsecond); with a tolerance of 666,666.67 µs the fourth start is allowed from t0 + 333,332.33 µs, that is
@@ -325,17 +325,17 @@ func TestFlowRateTokenAtAFractionalMicrosecond(t *testing.T) {
 	require.Equal(t, 999999, b.intCall(`SELECT (extract(epoch FROM rate_tat - $1) * 1000000)::int
 		FROM stepready.flow_state WHERE key = 'api'`, t0))
 	token := t0.Add(333333 * time.Microsecond)
-	before := token.Add(-lcTick)
+	before := token.Add(-tick)
 	b.requireNotReady(ids[3], before, "rate_limited")
 	var next *time.Time
 	var blocked *string
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT next_token_at, blocked FROM stepready.flow_status($1)
 		WHERE key = 'api'`, before).Scan(&next, &blocked))
-	lcRequireTime(t, token, next, "flow_status: the next token")
-	require.Equal(t, "rate_limited", lcDeref(blocked))
+	requireTime(t, token, next, "flow_status: the next token")
+	require.Equal(t, "rate_limited", deref(blocked))
 	require.Empty(t, b.startIDs(10, before), "1 µs before the token")
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.next_claim_at($1)`, before).Scan(&next))
-	lcRequireTime(t, token, next, "the wake-up the claim recorded")
+	requireTime(t, token, next, "the wake-up the claim recorded")
 
 	b.requireReady(ids[3], token)
 	require.Equal(t, ids[3:4], b.startIDs(10, token), "one token at its microsecond")
@@ -348,7 +348,7 @@ func TestFlowRateTokenAtAFractionalMicrosecond(t *testing.T) {
 // every claimable row, keyed or not: 270-510 ms with 1,000,000).
 func TestFlowStatusBoundedRead(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	budget := b.intCall(`SELECT stepready._read_budget()`)
 	b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
 	b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
@@ -360,9 +360,9 @@ func TestFlowStatusBoundedRead(t *testing.T) {
 	b.exec(`VACUUM ANALYZE stepready.steps`)
 
 	conn := b.db.Conn(t)
-	before := p1StepsTuplesRead(t, conn)
+	before := stepsTuplesRead(t, conn)
 	rows, err := conn.Query(b.ctx, `SELECT key, concurrency_limit, waiting, waiting_capped, blocked
-		FROM stepready.flow_status($1)`, lcBase)
+		FROM stepready.flow_status($1)`, testBase)
 	require.NoError(t, err)
 	type row struct {
 		Key     string
@@ -373,24 +373,24 @@ func TestFlowStatusBoundedRead(t *testing.T) {
 	}
 	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
 	require.NoError(t, err)
-	read := p1StepsTuplesRead(t, conn) - before
+	read := stepsTuplesRead(t, conn) - before
 	t.Logf("flow_status: %+v, %d tuples of steps read", got, read)
 	require.Equal(t, []row{
-		{Key: "big", Limit: lcPtr(7), Waiting: budget / 2, Capped: true},
-		{Key: "few", Limit: lcPtr(2), Waiting: 3},
+		{Key: "big", Limit: ptr(7), Waiting: budget / 2, Capped: true},
+		{Key: "few", Limit: ptr(2), Waiting: 3},
 	}, got, "two keys: a share of half the budget each; limits of keys never claimed from their waiting steps")
 	require.LessOrEqual(t, read, int64(budget+100), "flow_status read the backlog")
 
 	// Once the big key is full, it is blocked; the count stays bounded.
 	b.exec(`UPDATE stepready.steps SET state = 'in_progress', attempts = 1, lease_owner = 'w', lease_expires_at = $1
 		WHERE id IN (SELECT id FROM stepready.steps WHERE concurrency_key = 'big' ORDER BY id LIMIT 7)`,
-		lcBase.Add(time.Minute))
+		testBase.Add(time.Minute))
 	var blocked *string
 	var inFlight int
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT in_flight, blocked FROM stepready.flow_status($1)
-		WHERE key = 'big'`, lcBase).Scan(&inFlight, &blocked))
+		WHERE key = 'big'`, testBase).Scan(&inFlight, &blocked))
 	require.Equal(t, 7, inFlight)
-	require.Equal(t, "concurrency_limited", lcDeref(blocked))
+	require.Equal(t, "concurrency_limited", deref(blocked))
 }
 
 // Fairness across claims: a key with 2,000 ready steps created first does not starve a key with 20 created
@@ -400,7 +400,7 @@ func TestFlowFairnessAcrossClaims(t *testing.T) {
 	for _, batch := range []int{1, 2, 7} {
 		t.Run(fmt.Sprintf("claims of %d", batch), func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			b.exec(`INSERT INTO stepready.tasks (name) VALUES ('big'), ('small')`)
 			b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
 				SELECT 1, 'b' || g, 'h', 'big', 100000 FROM generate_series(1, 2000) g`)
@@ -408,7 +408,7 @@ func TestFlowFairnessAcrossClaims(t *testing.T) {
 				SELECT 2, 's' || g, 'h', 'small', 100000 FROM generate_series(1, 20) g`)
 			bigStarts, smallStarts := 0, 0
 			for smallStarts < 20 {
-				rows := b.claim(batch, lcBase)
+				rows := b.claim(batch, testBase)
 				require.NotEmpty(t, rows)
 				for _, r := range rows {
 					if r.TaskID == 1 {
@@ -434,7 +434,7 @@ func TestFlowFairnessAcrossClaimers(t *testing.T) {
 	for _, keys := range [][2]string{{"busy", "small"}, {"zbusy", "asmall"}} {
 		t.Run(keys[1], func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			b.exec(`INSERT INTO stepready.tasks (name) VALUES ('busy'), ('small')`)
 			b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
 				SELECT 1, 'b' || g, 'h', $1, 100000 FROM generate_series(1, 1000) g`, keys[0])
@@ -475,7 +475,7 @@ func TestFlowFairnessAcrossClaimers(t *testing.T) {
 							}
 						}
 						rows, err := b.db.Pool.Query(ctx, `SELECT step_id, task_id, attempt
-							FROM stepready.claim_and_start_steps($1, $2, 60000, $3)`, 2-len(running), worker, lcBase)
+							FROM stepready.claim_and_start_steps($1, $2, 60000, $3)`, 2-len(running), worker, testBase)
 						if err != nil {
 							errs <- err
 							return
@@ -499,7 +499,7 @@ func TestFlowFairnessAcrossClaimers(t *testing.T) {
 						// The oldest attempt ends: a slot is free again.
 						if len(running) > 0 {
 							if _, err := b.db.Pool.Exec(ctx, `SELECT stepready.complete_step($1, $2, '{}', $3)`,
-								running[0].id, running[0].attempt, lcBase); err != nil {
+								running[0].id, running[0].attempt, testBase); err != nil {
 								errs <- err
 								return
 							}
@@ -530,13 +530,13 @@ func TestFlowFairnessAcrossClaimers(t *testing.T) {
 // Priorities first: keys are only shared within one (task priority, step priority) group.
 func TestFlowFairnessKeepsPriorities(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	low := b.keyedTasks(3, `"concurrency": {"key": "a", "limit": 10}`)
 	high := b.keyedTasks(2, `"priority": 5, "concurrency": {"key": "b", "limit": 10}`)
 	plain := b.keyedTasks(2, `"priority": 5`)
-	got := b.startIDs(4, lcBase)
+	got := b.startIDs(4, testBase)
 	require.ElementsMatch(t, append(append([]int64{}, high...), plain...), got)
-	require.Equal(t, low[:3], b.startIDs(10, lcBase))
+	require.Equal(t, low[:3], b.startIDs(10, testBase))
 }
 
 // Eight claimers on one key never put more than its limit in flight, not even for an instant: a sampler reads
@@ -547,7 +547,7 @@ func TestFlowConcurrentClaimersNeverExceedTheLimit(t *testing.T) {
 		t.Run(fn, func(t *testing.T) {
 			t.Parallel()
 			const limit, steps, claimers = 3, 300, 8
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
 			b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
 				SELECT 1, 's' || g, 'h', 'k', $1 FROM generate_series(1, $2) g`, limit, steps)
@@ -630,13 +630,13 @@ func TestFlowConcurrentClaimersNeverExceedTheLimit(t *testing.T) {
 }
 
 // startIDs claims with claim_and_start_steps at asOf and returns the step ids in claim order.
-func (b *lcBundle) startIDs(limit int, asOf time.Time) []int64 {
+func (b *lifecycleBundle) startIDs(limit int, asOf time.Time) []int64 {
 	b.t.Helper()
-	return lcStartedIDs(b.claimAndStart(limit, asOf))
+	return startedIDs(b.claimAndStart(limit, asOf))
 }
 
 // attemptOf is the fencing token of a step's current (or last started) attempt.
-func (b *lcBundle) attemptOf(stepID int64) int {
+func (b *lifecycleBundle) attemptOf(stepID int64) int {
 	b.t.Helper()
 	return b.intCall(`SELECT fence_token FROM stepready.steps WHERE id = $1`, stepID)
 }
@@ -647,7 +647,7 @@ func (b *lcBundle) attemptOf(stepID int64) int {
 func TestFlowClaimCostFollowsKeysVisited(t *testing.T) {
 	t.Parallel()
 	read := func(perKey int) int64 {
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
 		b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
 			SELECT 1, 's' || g, 'h', 'k' || lpad((g % 200)::text, 3, '0'), 100 FROM generate_series(1, $1) g`, 200*perKey)
@@ -656,11 +656,11 @@ func TestFlowClaimCostFollowsKeysVisited(t *testing.T) {
 		// Once to create the keys' flow_state rows and plan the statements.
 		_, err := conn.Exec(b.ctx, `BEGIN; SELECT count(*) FROM stepready.claim_ready_steps(20, 'w', 60000); ROLLBACK`)
 		require.NoError(t, err)
-		before := p1StepsTuplesRead(t, conn)
+		before := stepsTuplesRead(t, conn)
 		var n int
 		require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM stepready.claim_ready_steps(20, 'w', 60000)`).Scan(&n))
 		require.Equal(t, 20, n)
-		return p1StepsTuplesRead(t, conn) - before
+		return stepsTuplesRead(t, conn) - before
 	}
 	small, large := read(50), read(500)
 	t.Logf("tuples of steps read by a claim of 20 over 20 keys: %d with 10,000 steps, %d with 100,000", small, large)
@@ -673,7 +673,7 @@ func TestFlowClaimCostFollowsKeysVisited(t *testing.T) {
 // first match, reading every finished row before the first claimable one (thousands per claim in scenario 9b).
 func TestFlowClaimIgnoresFinishedRows(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
 	b.exec(`INSERT INTO stepready.steps (task_id, name, handler, concurrency_key, concurrency_limit)
 		SELECT 1, 's' || g, 'h', 'k' || (g % 20), 1000 FROM generate_series(1, 4000) g`)
@@ -702,7 +702,7 @@ func TestFlowClaimIgnoresFinishedRows(t *testing.T) {
 }
 
 // flowKeys lists the keys that have a flow_state row.
-func (b *lcBundle) flowKeys() []string {
+func (b *lifecycleBundle) flowKeys() []string {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx, `SELECT key FROM stepready.flow_state ORDER BY key`)
 	require.NoError(b.t, err)
@@ -721,8 +721,8 @@ func (b *lcBundle) flowKeys() []string {
 // its limits intact and no token more than the old row would have given; overrides survive.
 func TestFlowPruneIdleKeys(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	t0 := lcBase
+	b := lifecycleSetup(t)
+	t0 := testBase
 	busy := b.keyedTasks(2, `"concurrency": {"key": "busy", "limit": 1}`)
 	done := b.keyedTasks(1, `"concurrency": {"key": "done", "limit": 1}`)
 	rated := b.keyedTasks(6, `"rate_limit": {"key": "api", "limit": 2, "period_ms": 1000}`)
@@ -766,7 +766,7 @@ func TestFlowPruneIdleKeys(t *testing.T) {
 		`SELECT stepready.prune_flow_state(now(), -1)`,
 		`SELECT stepready.prune_flow_state(now(), NULL)`,
 	} {
-		lcRequireSQLState(t, b.callErr(sql), "22023")
+		requireSQLState(t, b.callErr(sql), "22023")
 	}
 	require.Zero(t, b.intCall(`SELECT stepready.prune_flow_state(now(), 0)`))
 }

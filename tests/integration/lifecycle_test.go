@@ -12,7 +12,7 @@ import (
 // claim_ready_steps takes it exactly when SPEC §5 says it is ready.
 func TestClaimReadyStepsClaimsOnlyReadySteps(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	// Every case has a task with a parent p and a child s (p -> s), or a lone s, shaped by setup.
 	chain := `{"name": "t", "steps": [{"name": "p", "handler": "h"},
@@ -22,71 +22,71 @@ func TestClaimReadyStepsClaimsOnlyReadySteps(t *testing.T) {
 	cases := []struct {
 		name  string
 		def   string
-		setup func(b *lcBundle, ids map[string]int64, taskID int64)
+		setup func(b *lifecycleBundle, ids map[string]int64, taskID int64)
 		want  bool
 	}{
-		{"pending root", lone, func(*lcBundle, map[string]int64, int64) {}, true},
-		{"pending child of a pending parent", chain, func(*lcBundle, map[string]int64, int64) {}, false},
-		{"pending child of an in-flight parent", chain, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"pending root", lone, func(*lifecycleBundle, map[string]int64, int64) {}, true},
+		{"pending child of a pending parent", chain, func(*lifecycleBundle, map[string]int64, int64) {}, false},
+		{"pending child of an in-flight parent", chain, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.run(ids["p"], at)
 		}, false},
-		{"child of a complete parent", chain, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"child of a complete parent", chain, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.runToComplete(ids["p"], `{}`, at)
 		}, true},
-		{"child of a skipped parent", chain, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"child of a skipped parent", chain, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'skipped' WHERE id = $1`, ids["p"])
 		}, true},
-		{"child of a resolved_manually parent", chain, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"child of a resolved_manually parent", chain, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'resolved_manually' WHERE id = $1`, ids["p"])
 		}, true},
-		{"backoff due exactly at as_of", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"backoff due exactly at as_of", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'waiting_for_retry', attempts = 1, next_attempt_at = $2
 				WHERE id = $1`, ids["s"], at)
 		}, true},
-		{"backoff due 1us before as_of", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"backoff due 1us before as_of", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'waiting_for_retry', attempts = 1, next_attempt_at = $2
-				WHERE id = $1`, ids["s"], at.Add(-lcTick))
+				WHERE id = $1`, ids["s"], at.Add(-tick))
 		}, true},
-		{"backoff due 1us after as_of", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"backoff due 1us after as_of", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'waiting_for_retry', attempts = 1, next_attempt_at = $2
-				WHERE id = $1`, ids["s"], at.Add(lcTick))
+				WHERE id = $1`, ids["s"], at.Add(tick))
 		}, false},
-		{"delayed first attempt not due", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"delayed first attempt not due", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET next_attempt_at = $2 WHERE id = $1`, ids["s"], at.Add(time.Second))
 		}, false},
-		{"retries exhausted", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"retries exhausted", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'waiting_for_retry', attempts = 3, max_attempts = 3
 				WHERE id = $1`, ids["s"])
 		}, false},
-		{"one attempt left", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"one attempt left", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'waiting_for_retry', attempts = 2, max_attempts = 3
 				WHERE id = $1`, ids["s"])
 		}, true},
-		{"not retryable after one attempt", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"not retryable after one attempt", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'waiting_for_retry', attempts = 1, retryable = false
 				WHERE id = $1`, ids["s"])
 		}, false},
-		{"max_attempts 0 still allows the first attempt", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"max_attempts 0 still allows the first attempt", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET max_attempts = 0, retryable = false WHERE id = $1`, ids["s"])
 		}, true},
-		{"enqueued", lone, func(b *lcBundle, ids map[string]int64, _ int64) { b.enqueue(ids["s"], at) }, false},
-		{"in_progress", lone, func(b *lcBundle, ids map[string]int64, _ int64) { b.run(ids["s"], at) }, false},
-		{"complete", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"enqueued", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) { b.enqueue(ids["s"], at) }, false},
+		{"in_progress", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) { b.run(ids["s"], at) }, false},
+		{"complete", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.runToComplete(ids["s"], `{}`, at)
 		}, false},
-		{"skipped", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"skipped", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'skipped' WHERE id = $1`, ids["s"])
 		}, false},
-		{"cancelled step", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"cancelled step", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'cancelled' WHERE id = $1`, ids["s"])
 		}, false},
-		{"resolved_manually", lone, func(b *lcBundle, ids map[string]int64, _ int64) {
+		{"resolved_manually", lone, func(b *lifecycleBundle, ids map[string]int64, _ int64) {
 			b.exec(`UPDATE stepready.steps SET state = 'resolved_manually' WHERE id = $1`, ids["s"])
 		}, false},
-		{"paused task", lone, func(b *lcBundle, _ map[string]int64, taskID int64) {
+		{"paused task", lone, func(b *lifecycleBundle, _ map[string]int64, taskID int64) {
 			require.True(b.t, b.boolCall(`SELECT stepready.pause_task($1, $2)`, taskID, at))
 		}, false},
-		{"task in error (a sibling failed)", lone, func(b *lcBundle, ids map[string]int64, taskID int64) {
+		{"task in error (a sibling failed)", lone, func(b *lifecycleBundle, ids map[string]int64, taskID int64) {
 			attempt := b.run(ids["other"], at)
 			b.fail(ids["other"], attempt, `{"class": "permanent"}`, at, 0)
 			b.requireStatus(taskID, "error")
@@ -95,12 +95,12 @@ func TestClaimReadyStepsClaimsOnlyReadySteps(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, ids := b.task(tc.def)
 			tc.setup(b, ids, taskID)
 
 			claimed := b.claimIDs(at)
-			require.Equal(t, tc.want, lcContains(claimed, ids["s"]), "claimed %v, s = %d", claimed, ids["s"])
+			require.Equal(t, tc.want, containsID(claimed, ids["s"]), "claimed %v, s = %d", claimed, ids["s"])
 			if tc.want {
 				b.requireState(ids["s"], "enqueued")
 			}
@@ -110,7 +110,7 @@ func TestClaimReadyStepsClaimsOnlyReadySteps(t *testing.T) {
 	}
 }
 
-func lcContains(ids []int64, id int64) bool {
+func containsID(ids []int64, id int64) bool {
 	for _, x := range ids {
 		if x == id {
 			return true
@@ -121,8 +121,8 @@ func lcContains(ids []int64, id int64) bool {
 
 func TestClaimReadyStepsOrder(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 
 	// Task A is created first (lower ids) but has the lower priority.
 	_, a := b.task(`{"name": "A", "priority": 0, "steps": [
@@ -139,9 +139,9 @@ func TestClaimReadyStepsOrder(t *testing.T) {
 
 	// The limit takes a prefix of that order, returned in that order.
 	first := b.claim(3, at)
-	require.Equal(t, want[:3], lcClaimedIDs(first))
+	require.Equal(t, want[:3], claimedIDs(first))
 	rest := b.claim(100, at)
-	require.Equal(t, want[3:], lcClaimedIDs(rest))
+	require.Equal(t, want[3:], claimedIDs(rest))
 	require.Empty(t, b.claim(100, at))
 }
 
@@ -160,13 +160,13 @@ func TestClaimReadyStepsLimit(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(fmt.Sprintf("limit %d", tc.limit), func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, _ := b.task(`{"name": "t", "steps": [{"name": "s1", "handler": "h"},
 				{"name": "s2", "handler": "h"}, {"name": "s3", "handler": "h"}, {"name": "s4", "handler": "h"},
 				{"name": "s5", "handler": "h"}]}`)
 			before := b.taskSnapshot(taskID)
 
-			got := b.claim(tc.limit, lcBase)
+			got := b.claim(tc.limit, testBase)
 			require.Len(t, got, tc.want)
 			require.Equal(t, tc.want, b.intCall(`SELECT count(*) FROM stepready.steps WHERE state = 'enqueued'`))
 			if tc.want == 0 {
@@ -187,19 +187,19 @@ func TestClaimReadyStepsRejectsBadArguments(t *testing.T) {
 		leaseMs int64
 		param   string
 	}{
-		{"negative limit", -1, lcWorker, lcLeaseMs, "p_limit"},
-		{"zero lease", 1, lcWorker, 0, "p_lease_ms"},
-		{"negative lease", 1, lcWorker, -1, "p_lease_ms"},
-		{"empty worker", 1, "", lcLeaseMs, "p_worker"},
+		{"negative limit", -1, testWorker, testLeaseMs, "p_limit"},
+		{"zero lease", 1, testWorker, 0, "p_lease_ms"},
+		{"negative lease", 1, testWorker, -1, "p_lease_ms"},
+		{"empty worker", 1, "", testLeaseMs, "p_worker"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, _ := b.oneStep("")
 			before := b.taskSnapshot(taskID)
-			_, err := b.claimAs(b.db.Pool, tc.limit, tc.worker, tc.leaseMs, lcBase)
-			lcRequireSQLState(t, err, "22023", tc.param)
+			_, err := b.claimAs(b.db.Pool, tc.limit, tc.worker, tc.leaseMs, testBase)
+			requireSQLState(t, err, "22023", tc.param)
 			require.Equal(t, before, b.taskSnapshot(taskID))
 		})
 	}
@@ -207,8 +207,8 @@ func TestClaimReadyStepsRejectsBadArguments(t *testing.T) {
 
 func TestClaimReadyStepsEffects(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	taskID, ids := b.task(`{"name": "t", "steps": [
 		{"name": "fresh", "handler": "fetch", "input": {"url": "u"}, "timeout_ms": 5000, "queue": "q1"},
 		{"name": "retry", "handler": "load", "priority": -1}]}`)
@@ -237,17 +237,17 @@ func TestClaimReadyStepsEffects(t *testing.T) {
 	for _, name := range []string{"fresh", "retry"} {
 		s := b.step(ids[name])
 		require.Equal(t, "enqueued", s.State, name)
-		require.Equal(t, "w-7", lcDeref(s.LeaseOwner), name)
-		lcRequireTime(t, lease, s.LeaseExpiresAt, name+" lease_expires_at")
+		require.Equal(t, "w-7", deref(s.LeaseOwner), name)
+		requireTime(t, lease, s.LeaseExpiresAt, name+" lease_expires_at")
 		evs := b.lastEvents(ids[name], 1)
 		require.Equal(t, "step.enqueued", evs[0].Event, name)
-		require.Equal(t, "enqueued", lcDeref(evs[0].ToState), name)
+		require.Equal(t, "enqueued", deref(evs[0].ToState), name)
 		require.True(t, at.Equal(evs[0].At), name)
 	}
 	require.Equal(t, 0, b.step(ids["fresh"]).Attempts, "a claim charges no attempt")
 	require.Equal(t, 1, b.step(ids["retry"]).Attempts, "a claim charges no attempt")
-	require.Equal(t, "pending", lcDeref(b.lastEvents(ids["fresh"], 1)[0].FromState))
-	require.Equal(t, "waiting_for_retry", lcDeref(b.lastEvents(ids["retry"], 1)[0].FromState))
+	require.Equal(t, "pending", deref(b.lastEvents(ids["fresh"], 1)[0].FromState))
+	require.Equal(t, "waiting_for_retry", deref(b.lastEvents(ids["retry"], 1)[0].FromState))
 	b.requireStatus(taskID, "in_progress")
 	b.requireStatus(otherTask, "pending")
 
@@ -257,8 +257,8 @@ func TestClaimReadyStepsEffects(t *testing.T) {
 	b.requireStatus(task2, "pending")
 	got := b.claim(10, at)
 	require.Len(t, got, 1)
-	require.Equal(t, lcClaimed{StepID: ids2["fresh"], TaskID: task2, Name: "fresh", Handler: "fetch",
-		Input: `{"url": "u"}`, Attempts: 0, TimeoutMs: lcPtr(int64(5000)), Queue: "q1"}, got[0])
+	require.Equal(t, claimedRow{StepID: ids2["fresh"], TaskID: task2, Name: "fresh", Handler: "fetch",
+		Input: `{"url": "u"}`, Attempts: 0, TimeoutMs: ptr(int64(5000)), Queue: "q1"}, got[0])
 	b.requireStatus(task2, "in_progress")
 
 	// And a retried step reports its attempts so far.
@@ -271,8 +271,8 @@ func TestClaimReadyStepsEffects(t *testing.T) {
 
 func TestStartStep(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	taskID, step := b.oneStep("")
 
 	require.Equal(t, []int64{step}, b.claimIDs(at))
@@ -280,60 +280,60 @@ func TestStartStep(t *testing.T) {
 	var attempt *int
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.start_step($1, $2, $3, $4)`,
 		step, "w-9", int64(2500), startAt).Scan(&attempt))
-	require.Equal(t, 1, lcDeref(attempt))
+	require.Equal(t, 1, deref(attempt))
 
 	s := b.step(step)
 	require.Equal(t, "in_progress", s.State)
 	require.Equal(t, 1, s.Attempts)
-	lcRequireTime(t, startAt, s.LastAttemptedAt, "last_attempted_at")
-	lcRequireTime(t, startAt.Add(2500*time.Millisecond), s.LeaseExpiresAt, "lease_expires_at")
-	require.Equal(t, "w-9", lcDeref(s.LeaseOwner))
+	requireTime(t, startAt, s.LastAttemptedAt, "last_attempted_at")
+	requireTime(t, startAt.Add(2500*time.Millisecond), s.LeaseExpiresAt, "lease_expires_at")
+	require.Equal(t, "w-9", deref(s.LeaseOwner))
 	b.requireStatus(taskID, "in_progress")
 	ev := b.lastEvents(step, 1)[0]
 	require.Equal(t, "attempt.started", ev.Event)
-	require.Equal(t, 1, lcDeref(ev.Attempt))
+	require.Equal(t, 1, deref(ev.Attempt))
 	require.True(t, startAt.Equal(ev.At))
 
 	// The second attempt, after a retry, is number 2.
 	r := b.fail(step, 1, `{"class": "transient"}`, startAt, 0)
 	retryAt := *r.NextAttemptAt
 	require.Equal(t, []int64{step}, b.claimIDs(retryAt))
-	require.Equal(t, 2, lcDeref(b.start(step, retryAt)))
+	require.Equal(t, 2, deref(b.start(step, retryAt)))
 	require.Equal(t, 2, b.step(step).Attempts)
-	lcRequireTime(t, retryAt, b.step(step).LastAttemptedAt, "last_attempted_at")
+	requireTime(t, retryAt, b.step(step).LastAttemptedAt, "last_attempted_at")
 
 	// Bad arguments.
-	lcRequireSQLState(t, b.callErr(`SELECT stepready.start_step($1, '', 1000, $2)`, step, at), "22023", "p_worker")
-	lcRequireSQLState(t, b.callErr(`SELECT stepready.start_step($1, 'w', 0, $2)`, step, at), "22023", "p_lease_ms")
+	requireSQLState(t, b.callErr(`SELECT stepready.start_step($1, '', 1000, $2)`, step, at), "22023", "p_worker")
+	requireSQLState(t, b.callErr(`SELECT stepready.start_step($1, 'w', 0, $2)`, step, at), "22023", "p_lease_ms")
 }
 
 func TestStartStepReturnsNullWhenNotEnqueued(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	cases := []struct {
 		name  string
-		setup func(b *lcBundle, taskID, step int64)
+		setup func(b *lifecycleBundle, taskID, step int64)
 	}{
-		{"pending (never claimed)", func(*lcBundle, int64, int64) {}},
-		{"in_progress (started twice)", func(b *lcBundle, _, step int64) { b.run(step, at) }},
-		{"waiting_for_retry", func(b *lcBundle, _, step int64) { b.retryOnce(step, `{}`, at) }},
-		{"complete", func(b *lcBundle, _, step int64) { b.runToComplete(step, `{}`, at) }},
-		{"cancelled after the claim", func(b *lcBundle, taskID, step int64) {
+		{"pending (never claimed)", func(*lifecycleBundle, int64, int64) {}},
+		{"in_progress (started twice)", func(b *lifecycleBundle, _, step int64) { b.run(step, at) }},
+		{"waiting_for_retry", func(b *lifecycleBundle, _, step int64) { b.retryOnce(step, `{}`, at) }},
+		{"complete", func(b *lifecycleBundle, _, step int64) { b.runToComplete(step, `{}`, at) }},
+		{"cancelled after the claim", func(b *lifecycleBundle, taskID, step int64) {
 			b.enqueue(step, at)
 			require.Equal(b.t, 1, b.intCall(`SELECT stepready.cancel_task($1, 'stop', $2)`, taskID, at))
 		}},
-		{"reaped after the claim", func(b *lcBundle, _, step int64) {
+		{"reaped after the claim", func(b *lifecycleBundle, _, step int64) {
 			b.enqueue(step, at)
 			require.Equal(b.t, 1, b.intCall(`SELECT stepready.reap_expired_leases($1)`,
-				at.Add(lcLease+lcTick)))
+				at.Add(testLease+tick)))
 			b.requireState(step, "pending")
 		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
 			tc.setup(b, taskID, step)
 			before := b.snapshot(step)
@@ -344,14 +344,14 @@ func TestStartStepReturnsNullWhenNotEnqueued(t *testing.T) {
 
 	t.Run("unknown step", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		require.Nil(t, b.start(424242, at))
 	})
 }
 
 func TestStartStepAfterTaskPausedHandsTheStepBack(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	cases := []struct {
 		name          string
@@ -364,7 +364,7 @@ func TestStartStepAfterTaskPausedHandsTheStepBack(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
 			now := at
 			for range tc.priorFailures {
@@ -379,66 +379,66 @@ func TestStartStepAfterTaskPausedHandsTheStepBack(t *testing.T) {
 			s := b.step(step)
 			require.Equal(t, tc.wantState, s.State)
 			require.Equal(t, tc.priorFailures, s.Attempts, "uncharged")
-			lcRequireSameTime(t, nextBefore, s.NextAttemptAt, "next_attempt_at is left as it was")
+			requireSameTime(t, nextBefore, s.NextAttemptAt, "next_attempt_at is left as it was")
 			require.Nil(t, s.LeaseOwner)
 			require.Nil(t, s.LeaseExpiresAt)
 			ev := b.lastEvents(step, 1)[0]
 			require.Equal(t, "step.released", ev.Event)
-			require.Equal(t, tc.wantState, lcDeref(ev.ToState))
+			require.Equal(t, tc.wantState, deref(ev.ToState))
 
 			require.Empty(t, b.claimIDs(now), "still paused")
 			require.True(t, b.boolCall(`SELECT stepready.resume_task($1, $2)`, taskID, now))
 			require.Equal(t, []int64{step}, b.claimIDs(now), "ready again at once after resume")
-			require.Equal(t, tc.priorFailures+1, lcDeref(b.start(step, now)))
+			require.Equal(t, tc.priorFailures+1, deref(b.start(step, now)))
 		})
 	}
 }
 
 func TestHeartbeatStepExtendsTheLease(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	_, step := b.oneStep("")
 	attempt := b.run(step, at)
 
 	hb := at.Add(40 * time.Second)
 	require.True(t, b.boolCall(`SELECT stepready.heartbeat_step($1, $2, $3, $4)`, step, attempt, int64(90000), hb))
 	s := b.step(step)
-	lcRequireTime(t, hb.Add(90*time.Second), s.LeaseExpiresAt, "lease_expires_at")
+	requireTime(t, hb.Add(90*time.Second), s.LeaseExpiresAt, "lease_expires_at")
 	require.Equal(t, "in_progress", s.State)
 	require.Equal(t, 1, s.Attempts)
 
 	// The extended lease protects the attempt from the reaper past the original lease.
-	require.Equal(t, 0, b.intCall(`SELECT stepready.reap_expired_leases($1)`, at.Add(lcLease+time.Second)))
+	require.Equal(t, 0, b.intCall(`SELECT stepready.reap_expired_leases($1)`, at.Add(testLease+time.Second)))
 	b.requireState(step, "in_progress")
 
-	lcRequireSQLState(t, b.callErr(`SELECT stepready.heartbeat_step($1, $2, 0, $3)`, step, attempt, hb),
+	requireSQLState(t, b.callErr(`SELECT stepready.heartbeat_step($1, $2, 0, $3)`, step, attempt, hb),
 		"22023", "p_lease_ms")
 }
 
 func TestHeartbeatStepFencing(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	cases := []struct {
 		name  string
-		setup func(b *lcBundle, step int64) int // returns the attempt to heartbeat with
+		setup func(b *lifecycleBundle, step int64) int // returns the attempt to heartbeat with
 	}{
-		{"attempt ahead", func(b *lcBundle, step int64) int { return b.run(step, at) + 1 }},
-		{"attempt 0", func(b *lcBundle, step int64) int { b.run(step, at); return 0 }},
-		{"stale attempt after a retry", func(b *lcBundle, step int64) int {
+		{"attempt ahead", func(b *lifecycleBundle, step int64) int { return b.run(step, at) + 1 }},
+		{"attempt 0", func(b *lifecycleBundle, step int64) int { b.run(step, at); return 0 }},
+		{"stale attempt after a retry", func(b *lifecycleBundle, step int64) int {
 			next := b.retryOnce(step, `{}`, at)
 			b.run(step, next)
 			return 1
 		}},
-		{"enqueued, never started", func(b *lcBundle, step int64) int { b.enqueue(step, at); return 0 }},
-		{"waiting_for_retry", func(b *lcBundle, step int64) int { b.retryOnce(step, `{}`, at); return 1 }},
-		{"complete", func(b *lcBundle, step int64) int { b.runToComplete(step, `{}`, at); return 1 }},
+		{"enqueued, never started", func(b *lifecycleBundle, step int64) int { b.enqueue(step, at); return 0 }},
+		{"waiting_for_retry", func(b *lifecycleBundle, step int64) int { b.retryOnce(step, `{}`, at); return 1 }},
+		{"complete", func(b *lifecycleBundle, step int64) int { b.runToComplete(step, `{}`, at); return 1 }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			_, step := b.oneStep("")
 			attempt := tc.setup(b, step)
 			before := b.snapshot(step)
@@ -451,36 +451,36 @@ func TestHeartbeatStepFencing(t *testing.T) {
 
 func TestCompleteStepFencing(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	cases := []struct {
 		name  string
-		setup func(b *lcBundle, taskID, step int64) int // returns the attempt to complete with
+		setup func(b *lifecycleBundle, taskID, step int64) int // returns the attempt to complete with
 	}{
-		{"attempt ahead", func(b *lcBundle, _, step int64) int { return b.run(step, at) + 1 }},
-		{"stale attempt after a retry", func(b *lcBundle, _, step int64) int {
+		{"attempt ahead", func(b *lifecycleBundle, _, step int64) int { return b.run(step, at) + 1 }},
+		{"stale attempt after a retry", func(b *lifecycleBundle, _, step int64) int {
 			next := b.retryOnce(step, `{}`, at)
 			require.Equal(b.t, 2, b.run(step, next))
 			return 1
 		}},
-		{"enqueued, never started", func(b *lcBundle, _, step int64) int { b.enqueue(step, at); return 0 }},
-		{"pending", func(*lcBundle, int64, int64) int { return 0 }},
-		{"waiting_for_retry (the attempt already failed)", func(b *lcBundle, _, step int64) int {
+		{"enqueued, never started", func(b *lifecycleBundle, _, step int64) int { b.enqueue(step, at); return 0 }},
+		{"pending", func(*lifecycleBundle, int64, int64) int { return 0 }},
+		{"waiting_for_retry (the attempt already failed)", func(b *lifecycleBundle, _, step int64) int {
 			b.retryOnce(step, `{}`, at)
 			return 1
 		}},
-		{"already complete (duplicate result)", func(b *lcBundle, _, step int64) int {
+		{"already complete (duplicate result)", func(b *lifecycleBundle, _, step int64) int {
 			b.runToComplete(step, `{"first": true}`, at)
 			return 1
 		}},
 		// The cancelled attempt's lease is orphaned (its slot is kept while the handler may run): the refused
 		// result ends it, and changes nothing else.
-		{"cancelled", func(b *lcBundle, taskID, step int64) int {
+		{"cancelled", func(b *lifecycleBundle, taskID, step int64) int {
 			attempt := b.run(step, at)
 			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, at)
 			return attempt
 		}},
-		{"error", func(b *lcBundle, _, step int64) int {
+		{"error", func(b *lifecycleBundle, _, step int64) int {
 			attempt := b.run(step, at)
 			b.fail(step, attempt, `{"class": "permanent"}`, at, 0)
 			return attempt
@@ -489,7 +489,7 @@ func TestCompleteStepFencing(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
 			attempt := tc.setup(b, taskID, step)
 			before := b.taskSnapshotBeyondLeases(taskID)
@@ -503,32 +503,32 @@ func TestCompleteStepFencing(t *testing.T) {
 
 	t.Run("unknown step", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		require.False(t, b.complete(424242, 1, `{}`, at))
 	})
 }
 
 func TestCompleteStepReadiesChildrenAndCompletesTheTask(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	// a and b are parents of join; a is also the parent of solo.
 	taskID, ids := b.task(`{"name": "t", "steps": [
 		{"name": "a", "handler": "h"}, {"name": "b", "handler": "h"},
 		{"name": "join", "handler": "h", "depends_on": ["a", "b"]},
 		{"name": "solo", "handler": "h", "depends_on": ["a"]}]}`)
 	require.ElementsMatch(t, []int64{ids["a"], ids["b"]}, b.claimIDs(at))
-	attemptA := lcDeref(b.start(ids["a"], at))
-	attemptB := lcDeref(b.start(ids["b"], at))
+	attemptA := deref(b.start(ids["a"], at))
+	attemptB := deref(b.start(ids["b"], at))
 
 	done := at.Add(time.Second)
 	require.True(t, b.complete(ids["a"], attemptA, `{"a": 1}`, done))
 	a := b.step(ids["a"])
 	require.Equal(t, "complete", a.State)
-	require.JSONEq(t, `{"a": 1}`, lcDeref(a.Output))
-	lcRequireTime(t, done, a.CompletedAt, "completed_at")
+	require.JSONEq(t, `{"a": 1}`, deref(a.Output))
+	requireTime(t, done, a.CompletedAt, "completed_at")
 	require.Nil(t, a.LeaseOwner)
-	require.Equal(t, []string{"attempt.succeeded", "step.completed"}, lcEventNames(b.lastEvents(ids["a"], 2)))
+	require.Equal(t, []string{"attempt.succeeded", "step.completed"}, eventNames(b.lastEvents(ids["a"], 2)))
 
 	require.Equal(t, 0, b.step(ids["solo"]).PendingParents)
 	require.Equal(t, 1, b.step(ids["join"]).PendingParents)
@@ -543,7 +543,7 @@ func TestCompleteStepReadiesChildrenAndCompletesTheTask(t *testing.T) {
 
 	end := done.Add(time.Second)
 	for _, name := range []string{"solo", "join"} {
-		require.True(t, b.complete(ids[name], lcDeref(b.start(ids[name], done)), `{}`, end))
+		require.True(t, b.complete(ids[name], deref(b.start(ids[name], done)), `{}`, end))
 		if name == "solo" {
 			b.requireStatus(taskID, "in_progress")
 			require.Nil(t, b.taskRow(taskID).CompletedAt)
@@ -570,28 +570,28 @@ func TestCompleteStepCollect(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.collect+" "+tc.output, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			_, step := b.oneStep(`"collect": "` + tc.collect + `"`)
-			attempt := b.run(step, lcBase)
-			require.True(t, b.complete(step, attempt, tc.output, lcBase))
-			require.JSONEq(t, tc.want, lcDeref(b.step(step).Output))
+			attempt := b.run(step, testBase)
+			require.True(t, b.complete(step, attempt, tc.output, testBase))
+			require.JSONEq(t, tc.want, deref(b.step(step).Output))
 		})
 	}
 
 	t.Run("merge with a non-object output", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		_, step := b.oneStep(`"collect": "merge"`)
-		attempt := b.run(step, lcBase)
+		attempt := b.run(step, testBase)
 		before := b.snapshot(step)
-		err := b.callErr(`SELECT stepready.complete_step($1, $2, '[1, 2]'::jsonb, $3)`, step, attempt, lcBase)
-		lcRequireSQLState(t, err, "22023")
+		err := b.callErr(`SELECT stepready.complete_step($1, $2, '[1, 2]'::jsonb, $3)`, step, attempt, testBase)
+		requireSQLState(t, err, "22023")
 		require.Equal(t, before, b.snapshot(step))
 	})
 }
 
 // continueStep calls continue_step; nextInput and delay may be nil.
-func (b *lcBundle) continueStep(step int64, attempt int, output string, nextInput *string, delayMs any,
+func (b *lifecycleBundle) continueStep(step int64, attempt int, output string, nextInput *string, delayMs any,
 	asOf time.Time,
 ) bool {
 	b.t.Helper()
@@ -601,7 +601,7 @@ func (b *lcBundle) continueStep(step int64, attempt int, output string, nextInpu
 
 func TestContinueStep(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	cases := []struct {
 		name      string
@@ -609,14 +609,14 @@ func TestContinueStep(t *testing.T) {
 		delayMs   int64
 		wantInput string
 	}{
-		{"new input and a delay", lcPtr(`{"page": 2}`), 1500, `{"page": 2}`},
+		{"new input and a delay", ptr(`{"page": 2}`), 1500, `{"page": 2}`},
 		{"input kept when p_next_input is NULL", nil, 1500, `{"page": 1}`},
-		{"zero delay", lcPtr(`{"page": 2}`), 0, `{"page": 2}`},
+		{"zero delay", ptr(`{"page": 2}`), 0, `{"page": 2}`},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep(`"input": {"page": 1}`)
 			// A failed attempt first, so the reset of attempts is visible.
 			next := b.retryOnce(step, `{"class": "transient"}`, at)
@@ -629,26 +629,26 @@ func TestContinueStep(t *testing.T) {
 			require.Equal(t, 1, s.Iteration)
 			require.Equal(t, 0, s.Attempts, "each iteration has its own retry budget")
 			require.JSONEq(t, tc.wantInput, s.Input)
-			require.JSONEq(t, `{"items": 10}`, lcDeref(s.Output))
+			require.JSONEq(t, `{"items": 10}`, deref(s.Output))
 			due := next.Add(time.Duration(tc.delayMs) * time.Millisecond)
-			lcRequireTime(t, due, s.NextAttemptAt, "next_attempt_at")
+			requireTime(t, due, s.NextAttemptAt, "next_attempt_at")
 			require.Nil(t, s.LeaseOwner)
 			b.requireStatus(taskID, "in_progress")
 
 			ev := b.lastEvents(step, 1)[0]
 			require.Equal(t, "iteration.continued", ev.Event)
-			require.Equal(t, "pending", lcDeref(ev.ToState))
+			require.Equal(t, "pending", deref(ev.ToState))
 			require.EqualValues(t, tc.delayMs, ev.Details["delay_ms"])
 			require.True(t, next.Equal(ev.At))
 
 			if tc.delayMs > 0 {
-				b.requireNotReady(step, due.Add(-lcTick), "backoff")
-				require.Empty(t, b.claimIDs(due.Add(-lcTick)))
+				b.requireNotReady(step, due.Add(-tick), "backoff")
+				require.Empty(t, b.claimIDs(due.Add(-tick)))
 			}
 			require.Equal(t, []int64{step}, b.claimIDs(due))
 			got := b.step(step)
 			require.JSONEq(t, tc.wantInput, got.Input)
-			token := lcDeref(b.start(step, due))
+			token := deref(b.start(step, due))
 			require.Equal(t, 1, b.step(step).Attempts, "the new iteration starts at attempt 1")
 			require.Equal(t, attempt+1, token, "its fencing token goes on from the last attempt's: it never repeats")
 		})
@@ -657,9 +657,9 @@ func TestContinueStep(t *testing.T) {
 
 func TestContinueStepGivesEachIterationItsOwnRetryBudget(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	_, step := b.oneStep(`"retry": {"max_attempts": 3}`)
-	now := lcBase
+	now := testBase
 
 	// Iteration 0: two failures, then a success that continues.
 	now = b.retryOnce(step, `{"class": "transient"}`, now)
@@ -678,8 +678,8 @@ func TestContinueStepGivesEachIterationItsOwnRetryBudget(t *testing.T) {
 	require.Equal(t, 3, b.step(step).Attempts)
 	require.Equal(t, 6, attempt)
 	r := b.fail(step, attempt, `{"class": "transient"}`, now, 0)
-	require.Equal(t, "error", lcDeref(r.State))
-	require.Equal(t, "retries_exhausted", lcDeref(r.Reason))
+	require.Equal(t, "error", deref(r.State))
+	require.Equal(t, "retries_exhausted", deref(r.Reason))
 }
 
 func TestContinueStepCollect(t *testing.T) {
@@ -696,26 +696,26 @@ func TestContinueStepCollect(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.collect, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			_, step := b.oneStep(`"collect": "` + tc.collect + `"`)
-			now := lcBase
+			now := testBase
 			for _, out := range []string{`{"a": 1, "b": 1}`, `{"b": 2}`} {
 				require.True(t, b.continueStep(step, b.run(step, now), out, nil, 0, now))
 			}
 			require.True(t, b.complete(step, b.run(step, now), `{"c": 3}`, now))
-			require.JSONEq(t, tc.want, lcDeref(b.step(step).Output))
+			require.JSONEq(t, tc.want, deref(b.step(step).Output))
 		})
 	}
 
 	t.Run("merge with a non-object output", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		_, step := b.oneStep(`"collect": "merge"`)
-		attempt := b.run(step, lcBase)
+		attempt := b.run(step, testBase)
 		before := b.snapshot(step)
 		err := b.callErr(`SELECT stepready.continue_step($1, $2, '"text"'::jsonb, NULL, 0, $3)`,
-			step, attempt, lcBase)
-		lcRequireSQLState(t, err, "22023")
+			step, attempt, testBase)
+		requireSQLState(t, err, "22023")
 		require.Equal(t, before, b.snapshot(step))
 	})
 }
@@ -736,7 +736,7 @@ func TestContinueStepMaxIterations(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			extra := `"collect": "append"`
 			if tc.extra != "" {
 				extra += ", " + tc.extra
@@ -745,14 +745,14 @@ func TestContinueStepMaxIterations(t *testing.T) {
 			if tc.startAt > 0 {
 				b.exec(`UPDATE stepready.steps SET iteration = $2 WHERE id = $1`, step, tc.startAt)
 			}
-			now := lcBase
+			now := testBase
 			for i := range tc.wantContinues {
 				require.True(t, b.continueStep(step, b.run(step, now), `{"i": 1}`, nil, 0, now))
 				s := b.step(step)
 				require.Equal(t, "pending", s.State, "continue %d", i)
 				require.Equal(t, tc.startAt+i+1, s.Iteration)
 			}
-			require.True(t, b.continueStep(step, b.run(step, now), `{"i": 1}`, lcPtr(`{"next": true}`), 5000, now))
+			require.True(t, b.continueStep(step, b.run(step, now), `{"i": 1}`, ptr(`{"next": true}`), 5000, now))
 			s := b.step(step)
 			require.Equal(t, "complete", s.State, "reaching max_iterations completes the step")
 			require.Nil(t, s.NextAttemptAt)
@@ -770,31 +770,31 @@ func TestContinueStepMaxIterations(t *testing.T) {
 
 func TestContinueStepRejectsNegativeDelay(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	_, step := b.oneStep("")
-	attempt := b.run(step, lcBase)
+	attempt := b.run(step, testBase)
 	before := b.snapshot(step)
-	err := b.callErr(`SELECT stepready.continue_step($1, $2, '{}'::jsonb, NULL, -1, $3)`, step, attempt, lcBase)
-	lcRequireSQLState(t, err, "22023", "p_delay_ms")
+	err := b.callErr(`SELECT stepready.continue_step($1, $2, '{}'::jsonb, NULL, -1, $3)`, step, attempt, testBase)
+	requireSQLState(t, err, "22023", "p_delay_ms")
 	require.Equal(t, before, b.snapshot(step))
 }
 
 func TestContinueStepFencing(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	cases := []struct {
 		name  string
-		setup func(b *lcBundle, step int64) int
+		setup func(b *lifecycleBundle, step int64) int
 	}{
-		{"attempt ahead", func(b *lcBundle, step int64) int { return b.run(step, at) + 1 }},
-		{"stale attempt after a retry", func(b *lcBundle, step int64) int {
+		{"attempt ahead", func(b *lifecycleBundle, step int64) int { return b.run(step, at) + 1 }},
+		{"stale attempt after a retry", func(b *lifecycleBundle, step int64) int {
 			b.run(step, b.retryOnce(step, `{}`, at))
 			return 1
 		}},
-		{"enqueued", func(b *lcBundle, step int64) int { b.enqueue(step, at); return 0 }},
-		{"complete", func(b *lcBundle, step int64) int { b.runToComplete(step, `{}`, at); return 1 }},
-		{"already continued (duplicate)", func(b *lcBundle, step int64) int {
+		{"enqueued", func(b *lifecycleBundle, step int64) int { b.enqueue(step, at); return 0 }},
+		{"complete", func(b *lifecycleBundle, step int64) int { b.runToComplete(step, `{}`, at); return 1 }},
+		{"already continued (duplicate)", func(b *lifecycleBundle, step int64) int {
 			attempt := b.run(step, at)
 			require.True(b.t, b.continueStep(step, attempt, `{}`, nil, 0, at))
 			return attempt
@@ -803,11 +803,11 @@ func TestContinueStepFencing(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			_, step := b.oneStep("")
 			attempt := tc.setup(b, step)
 			before := b.snapshot(step)
-			require.False(t, b.continueStep(step, attempt, `{}`, lcPtr(`{"x": 1}`), 10, at.Add(time.Second)))
+			require.False(t, b.continueStep(step, attempt, `{}`, ptr(`{"x": 1}`), 10, at.Add(time.Second)))
 			require.Equal(t, before, b.snapshot(step))
 		})
 	}
@@ -815,26 +815,26 @@ func TestContinueStepFencing(t *testing.T) {
 
 func TestReleaseStep(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	cases := []struct {
 		name         string
-		setup        func(b *lcBundle, step int64) *int // the attempt to release with (nil = SQL NULL)
+		setup        func(b *lifecycleBundle, step int64) *int // the attempt to release with (nil = SQL NULL)
 		wantState    string
 		wantAttempts int
 	}{
-		{"in_progress first attempt", func(b *lcBundle, step int64) *int { return lcPtr(b.run(step, at)) },
+		{"in_progress first attempt", func(b *lifecycleBundle, step int64) *int { return ptr(b.run(step, at)) },
 			"pending", 0},
-		{"in_progress after a failure", func(b *lcBundle, step int64) *int {
-			return lcPtr(b.run(step, b.retryOnce(step, `{}`, at)))
+		{"in_progress after a failure", func(b *lifecycleBundle, step int64) *int {
+			return ptr(b.run(step, b.retryOnce(step, `{}`, at)))
 		}, "waiting_for_retry", 1},
-		{"enqueued, attempt NULL", func(b *lcBundle, step int64) *int { b.enqueue(step, at); return nil },
+		{"enqueued, attempt NULL", func(b *lifecycleBundle, step int64) *int { b.enqueue(step, at); return nil },
 			"pending", 0},
-		{"enqueued, attempt equal to attempts", func(b *lcBundle, step int64) *int {
+		{"enqueued, attempt equal to attempts", func(b *lifecycleBundle, step int64) *int {
 			b.enqueue(step, at)
-			return lcPtr(0)
+			return ptr(0)
 		}, "pending", 0},
-		{"enqueued after a failure, attempt NULL", func(b *lcBundle, step int64) *int {
+		{"enqueued after a failure, attempt NULL", func(b *lifecycleBundle, step int64) *int {
 			b.enqueue(step, b.retryOnce(step, `{}`, at))
 			return nil
 		}, "waiting_for_retry", 1},
@@ -842,7 +842,7 @@ func TestReleaseStep(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			_, step := b.oneStep("")
 			attempt := tc.setup(b, step)
 			nextBefore := b.step(step).NextAttemptAt
@@ -852,18 +852,18 @@ func TestReleaseStep(t *testing.T) {
 			s := b.step(step)
 			require.Equal(t, tc.wantState, s.State)
 			require.Equal(t, tc.wantAttempts, s.Attempts, "released uncharged")
-			lcRequireSameTime(t, nextBefore, s.NextAttemptAt, "next_attempt_at")
+			requireSameTime(t, nextBefore, s.NextAttemptAt, "next_attempt_at")
 			require.Nil(t, s.LeaseOwner)
 			require.Nil(t, s.LeaseExpiresAt)
 			ev := b.lastEvents(step, 1)[0]
 			require.Equal(t, "step.released", ev.Event)
-			require.Equal(t, tc.wantState, lcDeref(ev.ToState))
+			require.Equal(t, tc.wantState, deref(ev.ToState))
 			require.True(t, releaseAt.Equal(ev.At))
 
 			// Immediately ready again, and the next attempt has the same number as the released one would, with a
 			// fencing token of its own (the released attempt's is never given again).
 			require.Equal(t, []int64{step}, b.claimIDs(releaseAt))
-			token := lcDeref(b.start(step, releaseAt))
+			token := deref(b.start(step, releaseAt))
 			require.Equal(t, tc.wantAttempts+1, b.step(step).Attempts)
 			if attempt != nil {
 				require.Equal(t, *attempt+1, token)
@@ -876,27 +876,27 @@ func TestReleaseStep(t *testing.T) {
 
 func TestReleaseStepFencing(t *testing.T) {
 	t.Parallel()
-	at := lcBase
+	at := testBase
 
 	cases := []struct {
 		name  string
-		setup func(b *lcBundle, step int64) *int
+		setup func(b *lifecycleBundle, step int64) *int
 	}{
-		{"in_progress, attempt ahead", func(b *lcBundle, step int64) *int { return lcPtr(b.run(step, at) + 1) }},
-		{"in_progress, attempt NULL", func(b *lcBundle, step int64) *int { b.run(step, at); return nil }},
-		{"in_progress, stale attempt", func(b *lcBundle, step int64) *int {
+		{"in_progress, attempt ahead", func(b *lifecycleBundle, step int64) *int { return ptr(b.run(step, at) + 1) }},
+		{"in_progress, attempt NULL", func(b *lifecycleBundle, step int64) *int { b.run(step, at); return nil }},
+		{"in_progress, stale attempt", func(b *lifecycleBundle, step int64) *int {
 			b.run(step, b.retryOnce(step, `{}`, at))
-			return lcPtr(1)
+			return ptr(1)
 		}},
-		{"enqueued, attempt ahead", func(b *lcBundle, step int64) *int { b.enqueue(step, at); return lcPtr(1) }},
-		{"pending", func(*lcBundle, int64) *int { return nil }},
-		{"waiting_for_retry", func(b *lcBundle, step int64) *int { b.retryOnce(step, `{}`, at); return lcPtr(1) }},
-		{"complete", func(b *lcBundle, step int64) *int { b.runToComplete(step, `{}`, at); return lcPtr(1) }},
+		{"enqueued, attempt ahead", func(b *lifecycleBundle, step int64) *int { b.enqueue(step, at); return ptr(1) }},
+		{"pending", func(*lifecycleBundle, int64) *int { return nil }},
+		{"waiting_for_retry", func(b *lifecycleBundle, step int64) *int { b.retryOnce(step, `{}`, at); return ptr(1) }},
+		{"complete", func(b *lifecycleBundle, step int64) *int { b.runToComplete(step, `{}`, at); return ptr(1) }},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			_, step := b.oneStep("")
 			attempt := tc.setup(b, step)
 			before := b.snapshot(step)

@@ -11,31 +11,31 @@ import (
 )
 
 // The notify trigger can only compare next_attempt_at with the database clock (it does not see p_as_of), so
-// these tests pin time far from today on purpose: lcPast for changes that make a step due now, lcFarFuture for
+// these tests pin time far from today on purpose: pastTime for changes that make a step due now, farFuture for
 // a backoff that certainly ends after the real clock.
 var (
-	lcPast      = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
-	lcFarFuture = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
+	pastTime  = time.Date(2000, 1, 1, 0, 0, 0, 0, time.UTC)
+	farFuture = time.Date(2200, 1, 1, 0, 0, 0, 0, time.UTC)
 )
 
-const lcSentinel = "sentinel"
+const sentinelPayload = "sentinel"
 
-// lcListener is a dedicated connection listening on stepready_ready.
-type lcListener struct {
-	b    *lcBundle
+// listener is a dedicated connection listening on stepready_ready.
+type listener struct {
+	b    *lifecycleBundle
 	conn *pgx.Conn
 }
 
-func (b *lcBundle) listen() *lcListener {
+func (b *lifecycleBundle) listen() *listener {
 	b.t.Helper()
 	conn := b.db.Conn(b.t)
 	_, err := conn.Exec(b.ctx, `LISTEN stepready_ready`)
 	require.NoError(b.t, err)
-	return &lcListener{b: b, conn: conn}
+	return &listener{b: b, conn: conn}
 }
 
 // next waits for the next notification on stepready_ready and returns its payload.
-func (l *lcListener) next() string {
+func (l *listener) next() string {
 	l.b.t.Helper()
 	ctx, cancel := context.WithTimeout(l.b.ctx, 10*time.Second)
 	defer cancel()
@@ -47,29 +47,29 @@ func (l *lcListener) next() string {
 
 // sentinel sends a marker notification in a transaction of its own. Notifications are delivered in commit order,
 // so whatever arrives before the marker was sent before it.
-func (l *lcListener) sentinel() {
+func (l *listener) sentinel() {
 	l.b.t.Helper()
-	l.b.exec(`SELECT pg_notify('stepready_ready', $1)`, lcSentinel)
+	l.b.exec(`SELECT pg_notify('stepready_ready', $1)`, sentinelPayload)
 }
 
 // drain discards every notification sent so far.
-func (l *lcListener) drain() {
+func (l *listener) drain() {
 	l.b.t.Helper()
 	l.sentinel()
-	for l.next() != lcSentinel {
+	for l.next() != sentinelPayload {
 	}
 }
 
 // requireNone requires that nothing was notified since the last drain.
-func (l *lcListener) requireNone() {
+func (l *listener) requireNone() {
 	l.b.t.Helper()
 	l.sentinel()
-	require.Equal(l.b.t, lcSentinel, l.next(), "unexpected notification")
+	require.Equal(l.b.t, sentinelPayload, l.next(), "unexpected notification")
 }
 
 func TestNotifyStepreadyReady(t *testing.T) {
 	t.Parallel()
-	at := lcPast
+	at := pastTime
 	chain := `{"name": "t", "steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h", "depends_on": ["a"]}]}`
 	join := `{"name": "t", "steps": [{"name": "a", "handler": "h"}, {"name": "x", "handler": "h"},
 		{"name": "b", "handler": "h", "depends_on": ["a", "x"]}]}`
@@ -77,75 +77,75 @@ func TestNotifyStepreadyReady(t *testing.T) {
 	cases := []struct {
 		name string
 		// setup prepares a task (nothing it notifies counts) and returns its id and the action under test.
-		setup  func(b *lcBundle) (int64, func())
+		setup  func(b *lifecycleBundle) (int64, func())
 		notify bool
 	}{
-		{"task created", func(b *lcBundle) (int64, func()) {
+		{"task created", func(b *lifecycleBundle) (int64, func()) {
 			return 0, func() { b.task(chain) }
 		}, true},
-		{"parent completed: the child becomes ready", func(b *lcBundle) (int64, func()) {
+		{"parent completed: the child becomes ready", func(b *lifecycleBundle) (int64, func()) {
 			taskID, ids := b.task(chain)
 			attempt := b.run(ids["a"], at)
 			return taskID, func() { require.True(b.t, b.complete(ids["a"], attempt, `{}`, at)) }
 		}, true},
-		{"parent completed, the child still waits on another parent", func(b *lcBundle) (int64, func()) {
+		{"parent completed, the child still waits on another parent", func(b *lifecycleBundle) (int64, func()) {
 			taskID, ids := b.task(join)
 			attempt := b.run(ids["a"], at)
 			b.run(ids["x"], at)
 			return taskID, func() { require.True(b.t, b.complete(ids["a"], attempt, `{}`, at)) }
 		}, false},
-		{"last step completed", func(b *lcBundle) (int64, func()) {
+		{"last step completed", func(b *lifecycleBundle) (int64, func()) {
 			taskID, step := b.oneStep("")
 			attempt := b.run(step, at)
 			return taskID, func() { require.True(b.t, b.complete(step, attempt, `{}`, at)) }
 		}, false},
-		{"zero-delay retry", func(b *lcBundle) (int64, func()) {
+		{"zero-delay retry", func(b *lifecycleBundle) (int64, func()) {
 			taskID, step := b.oneStep(`"retry": {"backoff": "fixed", "base_delay_ms": 0}`)
 			attempt := b.run(step, at)
 			return taskID, func() {
 				r := b.fail(step, attempt, `{"class": "transient"}`, at, 0)
-				lcRequireTime(b.t, at, r.NextAttemptAt, "next_attempt_at")
+				requireTime(b.t, at, r.NextAttemptAt, "next_attempt_at")
 			}
 		}, true},
-		{"retry_after_ms 0", func(b *lcBundle) (int64, func()) {
+		{"retry_after_ms 0", func(b *lifecycleBundle) (int64, func()) {
 			taskID, step := b.oneStep("")
 			attempt := b.run(step, at)
 			return taskID, func() { b.fail(step, attempt, `{"class": "rate_limited", "retry_after_ms": 0}`, at, 0) }
 		}, true},
-		{"retry with a future backoff", func(b *lcBundle) (int64, func()) {
+		{"retry with a future backoff", func(b *lifecycleBundle) (int64, func()) {
 			taskID, step := b.oneStep("")
 			attempt := b.run(step, at)
 			return taskID, func() {
-				r := b.fail(step, attempt, `{"class": "transient"}`, lcFarFuture, 0)
-				lcRequireTime(b.t, lcFarFuture.Add(time.Second), r.NextAttemptAt, "next_attempt_at")
+				r := b.fail(step, attempt, `{"class": "transient"}`, farFuture, 0)
+				requireTime(b.t, farFuture.Add(time.Second), r.NextAttemptAt, "next_attempt_at")
 			}
 		}, false},
-		{"final failure", func(b *lcBundle) (int64, func()) {
+		{"final failure", func(b *lifecycleBundle) (int64, func()) {
 			taskID, step := b.oneStep("")
 			attempt := b.run(step, at)
 			return taskID, func() { b.fail(step, attempt, `{"class": "permanent"}`, at, 0) }
 		}, false},
-		{"resume_task", func(b *lcBundle) (int64, func()) {
+		{"resume_task", func(b *lifecycleBundle) (int64, func()) {
 			taskID, _ := b.oneStep("")
 			require.True(b.t, b.boolCall(`SELECT stepready.pause_task($1, $2)`, taskID, at))
 			return taskID, func() {
 				require.True(b.t, b.boolCall(`SELECT stepready.resume_task($1, $2)`, taskID, at))
 			}
 		}, true},
-		{"pause_task", func(b *lcBundle) (int64, func()) {
+		{"pause_task", func(b *lifecycleBundle) (int64, func()) {
 			taskID, _ := b.oneStep("")
 			return taskID, func() {
 				require.True(b.t, b.boolCall(`SELECT stepready.pause_task($1, $2)`, taskID, at))
 			}
 		}, false},
-		{"release_step", func(b *lcBundle) (int64, func()) {
+		{"release_step", func(b *lifecycleBundle) (int64, func()) {
 			taskID, step := b.oneStep("")
 			attempt := b.run(step, at)
 			return taskID, func() {
 				require.True(b.t, b.boolCall(`SELECT stepready.release_step($1, $2, $3)`, step, attempt, at))
 			}
 		}, true},
-		{"retry_step_now", func(b *lcBundle) (int64, func()) {
+		{"retry_step_now", func(b *lifecycleBundle) (int64, func()) {
 			taskID, step := b.oneStep("")
 			b.fail(step, b.run(step, at), `{"class": "permanent"}`, at, 0)
 			return taskID, func() {
@@ -156,7 +156,7 @@ func TestNotifyStepreadyReady(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			l := b.listen()
 			taskID, action := tc.setup(b)
 			l.drain()

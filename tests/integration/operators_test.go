@@ -9,17 +9,17 @@ import (
 )
 
 // requireOperatorEvent requires the newest event of the task with this name to exist and be stamped at asOf.
-func (b *lcBundle) requireOperatorEvent(taskID int64, stepID *int64, name string, asOf time.Time) lcEvent {
+func (b *lifecycleBundle) requireOperatorEvent(taskID int64, stepID *int64, name string, asOf time.Time) lifecycleEvent {
 	b.t.Helper()
-	var evs []lcEvent
+	var evs []lifecycleEvent
 	if stepID != nil {
 		evs = b.events(*stepID)
 	} else {
 		evs = b.taskEvents(taskID)
 	}
-	named := lcEventsNamed(evs, name)
-	require.NotEmpty(b.t, named, "no %s event (task %d, step %v): %v", name, taskID, lcDeref(stepID),
-		lcEventNames(evs))
+	named := eventsNamed(evs, name)
+	require.NotEmpty(b.t, named, "no %s event (task %d, step %v): %v", name, taskID, deref(stepID),
+		eventNames(evs))
 	ev := named[len(named)-1]
 	require.True(b.t, asOf.Equal(ev.At), "%s stamped %s, want %s", name, ev.At, asOf)
 	return ev
@@ -27,8 +27,8 @@ func (b *lcBundle) requireOperatorEvent(taskID int64, stepID *int64, name string
 
 func TestCancelTask(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	taskID, ids := b.task(`{"name": "t", "steps": [
 		{"name": "done", "handler": "h"}, {"name": "running", "handler": "h"}, {"name": "idle", "handler": "h"},
 		{"name": "waiting", "handler": "h"}, {"name": "child", "handler": "h", "depends_on": ["done"]},
@@ -46,7 +46,7 @@ func TestCancelTask(t *testing.T) {
 		require.Equal(t, "cancelled", s.State, name)
 		if name == "running" {
 			// Its handler may still run: the lease stays, orphaned, until the worker reports or it expires.
-			require.Equal(t, lcWorker, lcDeref(s.LeaseOwner), name)
+			require.Equal(t, testWorker, deref(s.LeaseOwner), name)
 			require.NotNil(t, s.LeaseExpiresAt, name)
 		} else {
 			require.Nil(t, s.LeaseOwner, name)
@@ -58,7 +58,7 @@ func TestCancelTask(t *testing.T) {
 	}
 	done := b.step(ids["done"])
 	require.Equal(t, "complete", done.State)
-	require.JSONEq(t, `{"kept": true}`, lcDeref(done.Output))
+	require.JSONEq(t, `{"kept": true}`, deref(done.Output))
 	ev := b.requireOperatorEvent(taskID, nil, "operator.cancel", cancelAt)
 	require.Equal(t, "operator said so", ev.Details["reason"])
 
@@ -70,7 +70,7 @@ func TestCancelTask(t *testing.T) {
 	require.Nil(t, b.step(ids["running"]).LeaseOwner)
 	before = b.taskSnapshot(taskID)
 	r := b.fail(ids["running"], running, `{}`, cancelAt, 0)
-	require.Equal(t, "stale_attempt", lcDeref(r.Reason))
+	require.Equal(t, "stale_attempt", deref(r.Reason))
 	require.False(t, b.boolCall(`SELECT stepready.heartbeat_step($1, $2, 1000, $3)`, ids["running"], running,
 		cancelAt))
 	require.Nil(t, b.start(ids["claimed"], cancelAt))
@@ -80,11 +80,11 @@ func TestCancelTask(t *testing.T) {
 
 func TestCancelTaskInError(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	taskID, ids := b.task(`{"name": "t", "steps": [{"name": "bad", "handler": "h"}, {"name": "idle", "handler": "h"}]}`)
-	b.fail(ids["bad"], b.run(ids["bad"], lcBase), `{"class": "permanent"}`, lcBase, 0)
+	b.fail(ids["bad"], b.run(ids["bad"], testBase), `{"class": "permanent"}`, testBase, 0)
 	b.requireStatus(taskID, "error")
-	require.Equal(t, 1, b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, lcBase))
+	require.Equal(t, 1, b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, testBase))
 	b.requireStatus(taskID, "cancelled")
 	b.requireState(ids["bad"], "error")
 	b.requireState(ids["idle"], "cancelled")
@@ -95,22 +95,22 @@ func TestCancelTaskRefusals(t *testing.T) {
 
 	cases := []struct {
 		name  string
-		setup func(b *lcBundle, taskID, step int64)
+		setup func(b *lifecycleBundle, taskID, step int64)
 	}{
-		{"complete task", func(b *lcBundle, _, step int64) { b.runToComplete(step, `{}`, lcBase) }},
-		{"already cancelled", func(b *lcBundle, taskID, _ int64) {
-			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, lcBase)
+		{"complete task", func(b *lifecycleBundle, _, step int64) { b.runToComplete(step, `{}`, testBase) }},
+		{"already cancelled", func(b *lifecycleBundle, taskID, _ int64) {
+			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, testBase)
 		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
 			tc.setup(b, taskID, step)
 			before := b.taskSnapshot(taskID)
-			err := b.callErr(`SELECT stepready.cancel_task($1, 'again', $2)`, taskID, lcBase)
-			lcRequireSQLState(t, err, "55000", fmt.Sprintf("task %d", taskID))
+			err := b.callErr(`SELECT stepready.cancel_task($1, 'again', $2)`, taskID, testBase)
+			requireSQLState(t, err, "55000", fmt.Sprintf("task %d", taskID))
 			require.Equal(t, before, b.taskSnapshot(taskID))
 		})
 	}
@@ -118,8 +118,8 @@ func TestCancelTaskRefusals(t *testing.T) {
 
 func TestPauseAndResumeTask(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	taskID, ids := b.task(`{"name": "t", "steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h"},
 		{"name": "c", "handler": "h", "depends_on": ["a"]}]}`)
 	otherTask, other := b.oneStep("")
@@ -128,7 +128,7 @@ func TestPauseAndResumeTask(t *testing.T) {
 	require.True(t, b.taskRow(taskID).Paused)
 	b.requireOperatorEvent(taskID, nil, "operator.pause", at)
 	require.False(t, b.boolCall(`SELECT stepready.pause_task($1, $2)`, taskID, at), "already paused")
-	require.Len(t, lcEventsNamed(b.taskEvents(taskID), "operator.pause"), 1, "a no-op pause is not audited")
+	require.Len(t, eventsNamed(b.taskEvents(taskID), "operator.pause"), 1, "a no-op pause is not audited")
 
 	require.Equal(t, []int64{other}, b.claimIDs(at), "only the other task's step is claimed")
 	b.requireNotReady(ids["a"], at, "task_paused")
@@ -139,12 +139,12 @@ func TestPauseAndResumeTask(t *testing.T) {
 	require.False(t, b.taskRow(taskID).Paused)
 	b.requireOperatorEvent(taskID, nil, "operator.resume", resumeAt)
 	require.False(t, b.boolCall(`SELECT stepready.resume_task($1, $2)`, taskID, resumeAt), "not paused")
-	require.Len(t, lcEventsNamed(b.taskEvents(taskID), "operator.resume"), 1)
+	require.Len(t, eventsNamed(b.taskEvents(taskID), "operator.resume"), 1)
 
 	require.ElementsMatch(t, []int64{ids["a"], ids["b"]}, b.claimIDs(resumeAt))
 
 	// Pausing an in_progress task stops its next steps too, and a child readied while paused waits.
-	attempt := lcDeref(b.start(ids["a"], resumeAt))
+	attempt := deref(b.start(ids["a"], resumeAt))
 	require.True(t, b.boolCall(`SELECT stepready.pause_task($1, $2)`, taskID, resumeAt))
 	require.True(t, b.complete(ids["a"], attempt, `{}`, resumeAt), "an in-flight attempt may finish")
 	require.Empty(t, b.claimIDs(resumeAt))
@@ -157,22 +157,22 @@ func TestPauseTaskRefusals(t *testing.T) {
 
 	cases := []struct {
 		name  string
-		setup func(b *lcBundle, taskID, step int64)
+		setup func(b *lifecycleBundle, taskID, step int64)
 	}{
-		{"complete task", func(b *lcBundle, _, step int64) { b.runToComplete(step, `{}`, lcBase) }},
-		{"cancelled task", func(b *lcBundle, taskID, _ int64) {
-			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, lcBase)
+		{"complete task", func(b *lifecycleBundle, _, step int64) { b.runToComplete(step, `{}`, testBase) }},
+		{"cancelled task", func(b *lifecycleBundle, taskID, _ int64) {
+			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, testBase)
 		}},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
 			tc.setup(b, taskID, step)
 			before := b.taskSnapshot(taskID)
-			err := b.callErr(`SELECT stepready.pause_task($1, $2)`, taskID, lcBase)
-			lcRequireSQLState(t, err, "55000", fmt.Sprintf("task %d", taskID))
+			err := b.callErr(`SELECT stepready.pause_task($1, $2)`, taskID, testBase)
+			requireSQLState(t, err, "55000", fmt.Sprintf("task %d", taskID))
 			require.Equal(t, before, b.taskSnapshot(taskID))
 		})
 	}
@@ -183,32 +183,32 @@ func TestRetryStepNowClearsTheBackoff(t *testing.T) {
 
 	cases := []struct {
 		name      string
-		setup     func(b *lcBundle, step int64)
+		setup     func(b *lifecycleBundle, step int64)
 		wantState string
 	}{
-		{"waiting_for_retry", func(b *lcBundle, step int64) {
-			b.retryOnce(step, `{"retry_after_ms": 3600000}`, lcBase)
+		{"waiting_for_retry", func(b *lifecycleBundle, step int64) {
+			b.retryOnce(step, `{"retry_after_ms": 3600000}`, testBase)
 		}, "waiting_for_retry"},
-		{"pending with a delayed first attempt", func(b *lcBundle, step int64) {
-			b.exec(`UPDATE stepready.steps SET next_attempt_at = $2 WHERE id = $1`, step, lcBase.Add(time.Hour))
+		{"pending with a delayed first attempt", func(b *lifecycleBundle, step int64) {
+			b.exec(`UPDATE stepready.steps SET next_attempt_at = $2 WHERE id = $1`, step, testBase.Add(time.Hour))
 		}, "pending"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
 			tc.setup(b, step)
-			require.Empty(t, b.claimIDs(lcBase), "not due yet")
+			require.Empty(t, b.claimIDs(testBase), "not due yet")
 			attemptsBefore := b.step(step).Attempts
 
-			require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, step, lcBase))
+			require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, step, testBase))
 			s := b.step(step)
 			require.Equal(t, tc.wantState, s.State)
 			require.Nil(t, s.NextAttemptAt)
 			require.Equal(t, attemptsBefore, s.Attempts)
-			b.requireOperatorEvent(taskID, &step, "operator.retry_now", lcBase)
-			require.Equal(t, []int64{step}, b.claimIDs(lcBase), "claimable at as_of")
+			b.requireOperatorEvent(taskID, &step, "operator.retry_now", testBase)
+			require.Equal(t, []int64{step}, b.claimIDs(testBase), "claimable at as_of")
 		})
 	}
 }
@@ -238,16 +238,16 @@ func TestRetryStepNowGrantsExactlyOneMoreAttempt(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep(tc.step)
-			now := lcBase
+			now := testBase
 			for i, f := range tc.fails {
 				if i < len(tc.fails)-1 {
 					now = b.retryOnce(step, f, now)
 					continue
 				}
 				r := b.fail(step, b.run(step, now), f, now, 0)
-				require.Equal(t, tc.why, lcDeref(r.Reason))
+				require.Equal(t, tc.why, deref(r.Reason))
 			}
 			b.requireStatus(taskID, "error")
 			attempts := len(tc.fails)
@@ -260,13 +260,13 @@ func TestRetryStepNowGrantsExactlyOneMoreAttempt(t *testing.T) {
 			require.Equal(t, attempts, s.Attempts)
 			b.requireStatus(taskID, "in_progress")
 			ev := b.requireOperatorEvent(taskID, &step, "operator.retry_now", now)
-			require.Equal(t, "error", lcDeref(ev.FromState))
+			require.Equal(t, "error", deref(ev.FromState))
 
 			require.Equal(t, []int64{step}, b.claimIDs(now), "one more attempt is granted")
-			attempt := lcDeref(b.start(step, now))
+			attempt := deref(b.start(step, now))
 			require.Equal(t, attempts+1, attempt)
 			r := b.fail(step, attempt, `{"class": "transient", "message": "still broken"}`, now, 0)
-			require.Equal(t, "error", lcDeref(r.State), "exactly one more attempt: reason %v", lcDeref(r.Reason))
+			require.Equal(t, "error", deref(r.State), "exactly one more attempt: reason %v", deref(r.Reason))
 			b.requireStatus(taskID, "error")
 			require.Empty(t, b.claimIDs(now.Add(time.Hour)))
 		})
@@ -274,36 +274,36 @@ func TestRetryStepNowGrantsExactlyOneMoreAttempt(t *testing.T) {
 
 	t.Run("the granted attempt may succeed", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		taskID, step := b.oneStep(`"retry": {"max_attempts": 1}`)
-		b.fail(step, b.run(step, lcBase), `{}`, lcBase, 0)
-		require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, step, lcBase))
-		require.True(t, b.complete(step, b.run(step, lcBase), `{"ok": true}`, lcBase))
+		b.fail(step, b.run(step, testBase), `{}`, testBase, 0)
+		require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, step, testBase))
+		require.True(t, b.complete(step, b.run(step, testBase), `{"ok": true}`, testBase))
 		b.requireStatus(taskID, "complete")
 	})
 }
 
 func TestRetryStepNowTaskLeavesErrorOnlyWhenNoStepIsInError(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	taskID, ids := b.task(`{"name": "t", "steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h"}]}`)
-	require.ElementsMatch(t, []int64{ids["a"], ids["b"]}, b.claimIDs(lcBase))
+	require.ElementsMatch(t, []int64{ids["a"], ids["b"]}, b.claimIDs(testBase))
 	attempts := map[string]int{}
 	for _, name := range []string{"a", "b"} {
-		attempts[name] = lcDeref(b.start(ids[name], lcBase))
+		attempts[name] = deref(b.start(ids[name], testBase))
 		require.Equal(t, 1, attempts[name])
 	}
 	for _, name := range []string{"a", "b"} {
-		require.Equal(t, "error", lcDeref(b.fail(ids[name], attempts[name], `{"class": "permanent"}`, lcBase, 0).State))
+		require.Equal(t, "error", deref(b.fail(ids[name], attempts[name], `{"class": "permanent"}`, testBase, 0).State))
 	}
 	b.requireStatus(taskID, "error")
 
-	require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, ids["a"], lcBase))
+	require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, ids["a"], testBase))
 	b.requireStatus(taskID, "error")
-	require.Empty(t, b.claimIDs(lcBase), "b is still in error: nothing starts")
-	require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, ids["b"], lcBase))
+	require.Empty(t, b.claimIDs(testBase), "b is still in error: nothing starts")
+	require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, ids["b"], testBase))
 	b.requireStatus(taskID, "in_progress")
-	require.ElementsMatch(t, []int64{ids["a"], ids["b"]}, b.claimIDs(lcBase))
+	require.ElementsMatch(t, []int64{ids["a"], ids["b"]}, b.claimIDs(testBase))
 }
 
 func TestRetryStepNowRefusals(t *testing.T) {
@@ -311,25 +311,25 @@ func TestRetryStepNowRefusals(t *testing.T) {
 
 	cases := []struct {
 		name  string
-		setup func(b *lcBundle, taskID, step int64)
+		setup func(b *lifecycleBundle, taskID, step int64)
 		in    string // text the message must contain besides the step id
 	}{
-		{"complete step", func(b *lcBundle, _, step int64) { b.runToComplete(step, `{}`, lcBase) }, "complete"},
-		{"in_progress step", func(b *lcBundle, _, step int64) { b.run(step, lcBase) }, "in_progress"},
-		{"enqueued step", func(b *lcBundle, _, step int64) { b.enqueue(step, lcBase) }, "enqueued"},
-		{"cancelled task", func(b *lcBundle, taskID, _ int64) {
-			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, lcBase)
+		{"complete step", func(b *lifecycleBundle, _, step int64) { b.runToComplete(step, `{}`, testBase) }, "complete"},
+		{"in_progress step", func(b *lifecycleBundle, _, step int64) { b.run(step, testBase) }, "in_progress"},
+		{"enqueued step", func(b *lifecycleBundle, _, step int64) { b.enqueue(step, testBase) }, "enqueued"},
+		{"cancelled task", func(b *lifecycleBundle, taskID, _ int64) {
+			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, testBase)
 		}, "cancelled"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
 			tc.setup(b, taskID, step)
 			before := b.taskSnapshot(taskID)
-			err := b.callErr(`SELECT stepready.retry_step_now($1, $2)`, step, lcBase)
-			lcRequireSQLState(t, err, "55000", fmt.Sprintf("step %d", step), tc.in)
+			err := b.callErr(`SELECT stepready.retry_step_now($1, $2)`, step, testBase)
+			requireSQLState(t, err, "55000", fmt.Sprintf("step %d", step), tc.in)
 			require.Equal(t, before, b.taskSnapshot(taskID))
 		})
 	}
@@ -337,8 +337,8 @@ func TestRetryStepNowRefusals(t *testing.T) {
 
 func TestResolveStep(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	at := lcBase
+	b := lifecycleSetup(t)
+	at := testBase
 	taskID, ids := b.task(`{"name": "t", "steps": [{"name": "a", "handler": "h"},
 		{"name": "dep", "handler": "h", "depends_on": ["a"]}]}`)
 	b.fail(ids["a"], b.run(ids["a"], at), `{"class": "permanent"}`, at, 0)
@@ -349,34 +349,34 @@ func TestResolveStep(t *testing.T) {
 		resolveAt))
 	a := b.step(ids["a"])
 	require.Equal(t, "resolved_manually", a.State)
-	require.JSONEq(t, `{"manual": true}`, lcDeref(a.Output))
+	require.JSONEq(t, `{"manual": true}`, deref(a.Output))
 	b.requireStatus(taskID, "in_progress")
-	ev := b.requireOperatorEvent(taskID, lcPtr(ids["a"]), "operator.resolve", resolveAt)
-	require.Equal(t, "error", lcDeref(ev.FromState))
-	b.requireOperatorEvent(taskID, lcPtr(ids["a"]), "step.resolved", resolveAt)
+	ev := b.requireOperatorEvent(taskID, ptr(ids["a"]), "operator.resolve", resolveAt)
+	require.Equal(t, "error", deref(ev.FromState))
+	b.requireOperatorEvent(taskID, ptr(ids["a"]), "step.resolved", resolveAt)
 
 	require.Equal(t, []int64{ids["dep"]}, b.claimIDs(resolveAt), "dependents proceed")
-	require.True(t, b.complete(ids["dep"], lcDeref(b.start(ids["dep"], resolveAt)), `{}`, resolveAt))
+	require.True(t, b.complete(ids["dep"], deref(b.start(ids["dep"], resolveAt)), `{}`, resolveAt))
 	b.requireStatus(taskID, "complete")
 }
 
 func TestResolveStepFencesTheRunningAttempt(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	taskID, step := b.oneStep("")
-	attempt := b.run(step, lcBase)
-	require.True(t, b.boolCall(`SELECT stepready.resolve_step($1, '{"by": "hand"}'::jsonb, $2)`, step, lcBase))
+	attempt := b.run(step, testBase)
+	require.True(t, b.boolCall(`SELECT stepready.resolve_step($1, '{"by": "hand"}'::jsonb, $2)`, step, testBase))
 	b.requireStatus(taskID, "complete")
 	require.NotNil(t, b.step(step).LeaseExpiresAt, "the running attempt keeps its lease, orphaned")
 	before := b.taskSnapshotBeyondLeases(taskID)
 
-	require.False(t, b.complete(step, attempt, `{"by": "worker"}`, lcBase))
+	require.False(t, b.complete(step, attempt, `{"by": "worker"}`, testBase))
 	require.Nil(t, b.step(step).LeaseExpiresAt, "the worker's report ends the orphaned lease")
-	r := b.fail(step, attempt, `{}`, lcBase, 0)
-	require.Equal(t, "stale_attempt", lcDeref(r.Reason))
-	require.Equal(t, "resolved_manually", lcDeref(r.State))
+	r := b.fail(step, attempt, `{}`, testBase, 0)
+	require.Equal(t, "stale_attempt", deref(r.Reason))
+	require.Equal(t, "resolved_manually", deref(r.State))
 	require.Equal(t, before, b.taskSnapshotBeyondLeases(taskID), "the stale worker result changes nothing else")
-	require.JSONEq(t, `{"by": "hand"}`, lcDeref(b.step(step).Output))
+	require.JSONEq(t, `{"by": "hand"}`, deref(b.step(step).Output))
 }
 
 func TestResolveStepRefusals(t *testing.T) {
@@ -384,26 +384,26 @@ func TestResolveStepRefusals(t *testing.T) {
 
 	cases := []struct {
 		name  string
-		setup func(b *lcBundle, taskID, step int64)
+		setup func(b *lifecycleBundle, taskID, step int64)
 		in    string
 	}{
-		{"complete step", func(b *lcBundle, _, step int64) { b.runToComplete(step, `{}`, lcBase) }, "complete"},
-		{"resolved_manually step", func(b *lcBundle, _, step int64) {
-			require.True(b.t, b.boolCall(`SELECT stepready.resolve_step($1, '{}'::jsonb, $2)`, step, lcBase))
+		{"complete step", func(b *lifecycleBundle, _, step int64) { b.runToComplete(step, `{}`, testBase) }, "complete"},
+		{"resolved_manually step", func(b *lifecycleBundle, _, step int64) {
+			require.True(b.t, b.boolCall(`SELECT stepready.resolve_step($1, '{}'::jsonb, $2)`, step, testBase))
 		}, "resolved_manually"},
-		{"cancelled task", func(b *lcBundle, taskID, _ int64) {
-			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, lcBase)
+		{"cancelled task", func(b *lifecycleBundle, taskID, _ int64) {
+			b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, testBase)
 		}, "cancelled"},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			taskID, step := b.oneStep("")
 			tc.setup(b, taskID, step)
 			before := b.taskSnapshot(taskID)
-			err := b.callErr(`SELECT stepready.resolve_step($1, '{"x": 1}'::jsonb, $2)`, step, lcBase)
-			lcRequireSQLState(t, err, "55000", fmt.Sprintf("step %d", step), tc.in)
+			err := b.callErr(`SELECT stepready.resolve_step($1, '{"x": 1}'::jsonb, $2)`, step, testBase)
+			requireSQLState(t, err, "55000", fmt.Sprintf("step %d", step), tc.in)
 			require.Equal(t, before, b.taskSnapshot(taskID))
 		})
 	}
@@ -414,19 +414,19 @@ func TestResetTask(t *testing.T) {
 
 	t.Run("error step", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		taskID, ids := b.task(`{"name": "t", "steps": [{"name": "done", "handler": "h"},
 			{"name": "bad", "handler": "h", "retry": {"max_attempts": 10, "backoff": "fixed", "base_delay_ms": 0}},
 			{"name": "child", "handler": "h", "depends_on": ["done", "bad"]}]}`)
-		b.runToComplete(ids["done"], `{"kept": 1}`, lcBase)
+		b.runToComplete(ids["done"], `{"kept": 1}`, testBase)
 		cf := `{"class": "contract_failure", "message": "schema"}`
-		b.retryOnce(ids["bad"], cf, lcBase)
-		b.retryOnce(ids["bad"], cf, lcBase)
-		r := b.fail(ids["bad"], b.run(ids["bad"], lcBase), cf, lcBase, 0)
-		require.Equal(t, "circuit_open", lcDeref(r.Reason))
+		b.retryOnce(ids["bad"], cf, testBase)
+		b.retryOnce(ids["bad"], cf, testBase)
+		r := b.fail(ids["bad"], b.run(ids["bad"], testBase), cf, testBase, 0)
+		require.Equal(t, "circuit_open", deref(r.Reason))
 		b.requireStatus(taskID, "error")
 
-		resetAt := lcBase.Add(time.Minute)
+		resetAt := testBase.Add(time.Minute)
 		require.Equal(t, 1, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, resetAt))
 		bad := b.step(ids["bad"])
 		require.Equal(t, "pending", bad.State)
@@ -435,10 +435,10 @@ func TestResetTask(t *testing.T) {
 		require.Nil(t, bad.NextAttemptAt)
 		done := b.step(ids["done"])
 		require.Equal(t, "complete", done.State)
-		require.JSONEq(t, `{"kept": 1}`, lcDeref(done.Output), "completed outputs are kept")
+		require.JSONEq(t, `{"kept": 1}`, deref(done.Output), "completed outputs are kept")
 		b.requireStatus(taskID, "in_progress")
 		b.requireOperatorEvent(taskID, nil, "operator.reset", resetAt)
-		b.requireOperatorEvent(taskID, lcPtr(ids["bad"]), "operator.reset", resetAt)
+		b.requireOperatorEvent(taskID, ptr(ids["bad"]), "operator.reset", resetAt)
 
 		// A fresh budget: the same failure twice more does not open the circuit.
 		require.Equal(t, []int64{ids["bad"]}, b.claimIDs(resetAt))
@@ -452,47 +452,47 @@ func TestResetTask(t *testing.T) {
 
 	t.Run("skipped steps of a complete task", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		taskID, ids := b.task(`{"name": "t", "steps": [
 			{"name": "a", "handler": "h", "on_exhausted": "skip_cascade", "retry": {"max_attempts": 1}},
 			{"name": "b", "handler": "h", "depends_on": ["a"]}]}`)
-		b.fail(ids["a"], b.run(ids["a"], lcBase), `{}`, lcBase, 0)
+		b.fail(ids["a"], b.run(ids["a"], testBase), `{}`, testBase, 0)
 		b.requireState(ids["b"], "skipped")
 		b.requireStatus(taskID, "complete")
 
-		require.Equal(t, 2, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, lcBase))
+		require.Equal(t, 2, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, testBase))
 		b.requireStatus(taskID, "in_progress")
 		b.requireState(ids["a"], "pending")
 		b.requireState(ids["b"], "pending")
 		require.Equal(t, 1, b.step(ids["b"]).PendingParents)
-		require.Equal(t, []int64{ids["a"]}, b.claimIDs(lcBase))
+		require.Equal(t, []int64{ids["a"]}, b.claimIDs(testBase))
 	})
 
 	t.Run("cancelled task", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		taskID, ids := b.task(`{"name": "t", "steps": [{"name": "done", "handler": "h"},
 			{"name": "idle", "handler": "h"}, {"name": "running", "handler": "h"}]}`)
-		b.runToComplete(ids["done"], `{}`, lcBase)
-		running := b.run(ids["running"], lcBase)
-		require.Equal(t, 2, b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, lcBase))
+		b.runToComplete(ids["done"], `{}`, testBase)
+		running := b.run(ids["running"], testBase)
+		require.Equal(t, 2, b.intCall(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, testBase))
 
-		require.Equal(t, 2, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, lcBase))
+		require.Equal(t, 2, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, testBase))
 		b.requireStatus(taskID, "in_progress")
 		require.Equal(t, 0, b.step(ids["running"]).Attempts)
-		require.False(t, b.complete(ids["running"], running, `{}`, lcBase), "the cancelled attempt stays fenced")
-		require.ElementsMatch(t, []int64{ids["idle"], ids["running"]}, b.claimIDs(lcBase))
+		require.False(t, b.complete(ids["running"], running, `{}`, testBase), "the cancelled attempt stays fenced")
+		require.ElementsMatch(t, []int64{ids["idle"], ids["running"]}, b.claimIDs(testBase))
 		b.requireState(ids["done"], "complete")
 	})
 
 	t.Run("nothing to reset", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		taskID, step := b.oneStep("")
-		b.retryOnce(step, `{}`, lcBase)
+		b.retryOnce(step, `{}`, testBase)
 		before := b.taskSnapshot(taskID)
-		err := b.callErr(`SELECT stepready.reset_task($1, $2)`, taskID, lcBase)
-		lcRequireSQLState(t, err, "55000", fmt.Sprintf("task %d", taskID))
+		err := b.callErr(`SELECT stepready.reset_task($1, $2)`, taskID, testBase)
+		requireSQLState(t, err, "55000", fmt.Sprintf("task %d", taskID))
 		require.Equal(t, before, b.taskSnapshot(taskID))
 	})
 }
@@ -513,8 +513,8 @@ func TestOperatorsRejectUnknownIDs(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
-			lcRequireSQLState(t, b.callErr(tc.sql, lcBase), "P0002", tc.what)
+			b := lifecycleSetup(t)
+			requireSQLState(t, b.callErr(tc.sql, testBase), "P0002", tc.what)
 			require.Equal(t, 0, b.intCall(`SELECT count(*) FROM stepready.step_events`))
 		})
 	}

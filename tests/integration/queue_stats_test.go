@@ -84,10 +84,10 @@ func TestQueueStats(t *testing.T) {
 // lease, _holds_slot): queue_stats counts it in flight until then, as the flow limits do.
 func TestQueueStatsCountsOrphanedLeases(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	taskID, stepID := b.oneStep(`"queue": "q"`)
-	b.run(stepID, lcBase)
-	b.exec(`SELECT stepready.cancel_task($1, 'no', $2)`, taskID, lcBase)
+	b.run(stepID, testBase)
+	b.exec(`SELECT stepready.cancel_task($1, 'no', $2)`, taskID, testBase)
 	b.requireState(stepID, "cancelled")
 	inFlight := func(at time.Time) int64 {
 		t.Helper()
@@ -96,9 +96,9 @@ func TestQueueStatsCountsOrphanedLeases(t *testing.T) {
 			FROM stepready.queue_stats($1) WHERE queue = 'q'`, at).Scan(&n))
 		return n
 	}
-	require.EqualValues(t, 1, inFlight(lcBase), "the cancelled attempt may still run")
-	require.EqualValues(t, 1, inFlight(lcBase.Add(lcLease)), "its lease ends at lease_expires_at")
-	require.EqualValues(t, 0, inFlight(lcBase.Add(lcLease+lcTick)), "then its slot is free")
+	require.EqualValues(t, 1, inFlight(testBase), "the cancelled attempt may still run")
+	require.EqualValues(t, 1, inFlight(testBase.Add(testLease)), "its lease ends at lease_expires_at")
+	require.EqualValues(t, 0, inFlight(testBase.Add(testLease+tick)), "then its slot is free")
 }
 
 // Above _read_budget() claimable steps, queue_stats estimates the claimable figures from a sample and says so; it
@@ -106,14 +106,14 @@ func TestQueueStatsCountsOrphanedLeases(t *testing.T) {
 // 1,000,000). The steps holding slots are still counted exactly.
 func TestQueueStatsEstimatesAboveTheBudget(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	budget := b.intCall(`SELECT stepready._read_budget()`)
 	const total = 50000 // a fifth of them in queue "fast", interleaved
 	b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
 	b.exec(`INSERT INTO stepready.steps (task_id, name, handler, queue)
 		SELECT 1, 's' || g, 'h', CASE WHEN g % 5 = 0 THEN 'fast' ELSE 'default' END FROM generate_series(1, $1) g`, total)
 	b.exec(`UPDATE stepready.steps SET state = 'in_progress', attempts = 1, lease_owner = 'w', lease_expires_at = $1
-		WHERE name IN ('s1', 's2', 's5')`, lcBase.Add(time.Minute))
+		WHERE name IN ('s1', 's2', 's5')`, testBase.Add(time.Minute))
 	b.exec(`VACUUM ANALYZE stepready.steps`)
 
 	type row struct {
@@ -123,12 +123,12 @@ func TestQueueStatsEstimatesAboveTheBudget(t *testing.T) {
 		Estimated bool
 	}
 	conn := b.db.Conn(t)
-	before := p1StepsTuplesRead(t, conn)
-	rows, err := conn.Query(b.ctx, `SELECT queue, ready, in_flight, estimated FROM stepready.queue_stats($1)`, lcBase)
+	before := stepsTuplesRead(t, conn)
+	rows, err := conn.Query(b.ctx, `SELECT queue, ready, in_flight, estimated FROM stepready.queue_stats($1)`, testBase)
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[row])
 	require.NoError(t, err)
-	read := p1StepsTuplesRead(t, conn) - before
+	read := stepsTuplesRead(t, conn) - before
 	t.Logf("queue_stats over %d claimable steps: %+v, %d tuples of steps read", total-3, got, read)
 	require.Len(t, got, 2)
 	require.Equal(t, "default", got[0].Queue)

@@ -8,8 +8,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// p1Want is the expected readiness of one step; reason "" means ready.
-type p1Want struct {
+// wantRow is the expected readiness of one step; reason "" means ready.
+type wantRow struct {
 	state     string
 	total     int32
 	completed int32
@@ -18,7 +18,7 @@ type p1Want struct {
 
 // requireReadiness checks every step of a task against want (by step name) and then the pending_parents
 // invariant of the claim index.
-func (b *p1Bundle) requireReadiness(taskID int64, asOf time.Time, want map[string]p1Want) {
+func (b *schemaBundle) requireReadiness(taskID int64, asOf time.Time, want map[string]wantRow) {
 	b.t.Helper()
 	got := b.readinessByName(taskID, asOf)
 	require.Len(b.t, got, len(want))
@@ -43,25 +43,25 @@ func (b *p1Bundle) requireReadiness(taskID int64, asOf time.Time, want map[strin
 
 func TestStepReadinessParentStates(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct {
 		name      string
 		satisfies bool
 		// move puts the parent in its state.
-		move func(b *p1Bundle, parent int64)
+		move func(b *schemaBundle, parent int64)
 	}{
-		{"complete", true, func(b *p1Bundle, p int64) { b.setStep(p, `state = 'complete', attempts = 1`) }},
-		{"resolved by resolve_step", true, func(b *p1Bundle, p int64) {
-			b.exec(`SELECT stepready.resolve_step($1, '{"by": "operator"}', $2)`, p, p1Base)
+		{"complete", true, func(b *schemaBundle, p int64) { b.setStep(p, `state = 'complete', attempts = 1`) }},
+		{"resolved by resolve_step", true, func(b *schemaBundle, p int64) {
+			b.exec(`SELECT stepready.resolve_step($1, '{"by": "operator"}', $2)`, p, testBase)
 		}},
-		{"skipped", true, func(b *p1Bundle, p int64) { b.setStep(p, `state = 'skipped'`) }},
-		{"cancelled", false, func(b *p1Bundle, p int64) { b.setStep(p, `state = 'cancelled'`) }},
-		{"error", false, func(b *p1Bundle, p int64) { b.setStep(p, `state = 'error', attempts = 3`) }},
-		{"pending", false, func(*p1Bundle, int64) {}},
-		{"enqueued", false, func(b *p1Bundle, p int64) { b.setStep(p, `state = 'enqueued'`) }},
-		{"in_progress", false, func(b *p1Bundle, p int64) { b.setStep(p, `state = 'in_progress', attempts = 1`) }},
-		{"waiting_for_retry", false, func(b *p1Bundle, p int64) {
+		{"skipped", true, func(b *schemaBundle, p int64) { b.setStep(p, `state = 'skipped'`) }},
+		{"cancelled", false, func(b *schemaBundle, p int64) { b.setStep(p, `state = 'cancelled'`) }},
+		{"error", false, func(b *schemaBundle, p int64) { b.setStep(p, `state = 'error', attempts = 3`) }},
+		{"pending", false, func(*schemaBundle, int64) {}},
+		{"enqueued", false, func(b *schemaBundle, p int64) { b.setStep(p, `state = 'enqueued'`) }},
+		{"in_progress", false, func(b *schemaBundle, p int64) { b.setStep(p, `state = 'in_progress', attempts = 1`) }},
+		{"waiting_for_retry", false, func(b *schemaBundle, p int64) {
 			b.setStep(p, `state = 'waiting_for_retry', attempts = 1`)
 		}},
 	}
@@ -76,7 +76,7 @@ func TestStepReadinessParentStates(t *testing.T) {
 			ids := b.stepIDs(taskID)
 			tt.move(b, ids["parent"])
 
-			child := b.stepReadiness(taskID, ids["child"], p1Base)
+			child := b.stepReadiness(taskID, ids["child"], testBase)
 			require.Equal(t, int32(1), child.TotalParents)
 			require.Equal(t, tt.satisfies, child.DependenciesSatisfied)
 			if tt.satisfies {
@@ -92,46 +92,46 @@ func TestStepReadinessParentStates(t *testing.T) {
 					// dependency shows.
 					require.Equal(t, "task_not_active", *child.BlockedReason)
 					b.setTask(taskID, `status = 'in_progress'`)
-					child = b.stepReadiness(taskID, ids["child"], p1Base)
+					child = b.stepReadiness(taskID, ids["child"], testBase)
 				}
 				require.Equal(t, "waiting_for_dependencies", *child.BlockedReason)
 			}
-			b.requirePendingParentsInvariant([]int64{taskID}, p1Base)
+			b.requirePendingParentsInvariant([]int64{taskID}, testBase)
 		})
 	}
 }
 
 func TestStepReadinessLinear(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	taskID := b.createTask(`{"name": "linear", "steps": [
 		{"name": "a", "handler": "noop"},
 		{"name": "b", "handler": "noop", "depends_on": ["a"]},
 		{"name": "c", "handler": "noop", "depends_on": ["b"]}]}`)
 	ids := b.stepIDs(taskID)
 
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"pending", 0, 0, ""},
 		"b": {"pending", 1, 0, "waiting_for_dependencies"},
 		"c": {"pending", 1, 0, "waiting_for_dependencies"},
 	})
 
 	b.setStep(ids["a"], `state = 'complete', attempts = 1`)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"complete", 0, 0, "terminal"},
 		"b": {"pending", 1, 1, ""},
 		"c": {"pending", 1, 0, "waiting_for_dependencies"},
 	})
 
-	b.exec(`SELECT stepready.resolve_step($1, '{}', $2)`, ids["b"], p1Base)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.exec(`SELECT stepready.resolve_step($1, '{}', $2)`, ids["b"], testBase)
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"complete", 0, 0, "terminal"},
 		"b": {"resolved_manually", 1, 1, "terminal"},
 		"c": {"pending", 1, 1, ""},
 	})
 
 	b.setStep(ids["c"], `state = 'skipped'`)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"complete", 0, 0, "task_not_active"},
 		"b": {"resolved_manually", 1, 1, "task_not_active"},
 		"c": {"skipped", 1, 1, "task_not_active"},
@@ -140,7 +140,7 @@ func TestStepReadinessLinear(t *testing.T) {
 
 func TestStepReadinessDiamond(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	taskID := b.createTask(`{"name": "diamond", "steps": [
 		{"name": "a", "handler": "noop"},
 		{"name": "b", "handler": "noop", "depends_on": ["a"]},
@@ -148,7 +148,7 @@ func TestStepReadinessDiamond(t *testing.T) {
 		{"name": "d", "handler": "noop", "depends_on": ["b", "c"]}]}`)
 	ids := b.stepIDs(taskID)
 
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"pending", 0, 0, ""},
 		"b": {"pending", 1, 0, "waiting_for_dependencies"},
 		"c": {"pending", 1, 0, "waiting_for_dependencies"},
@@ -156,7 +156,7 @@ func TestStepReadinessDiamond(t *testing.T) {
 	})
 
 	b.setStep(ids["a"], `state = 'complete', attempts = 1`)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"complete", 0, 0, "terminal"},
 		"b": {"pending", 1, 1, ""},
 		"c": {"pending", 1, 1, ""},
@@ -164,7 +164,7 @@ func TestStepReadinessDiamond(t *testing.T) {
 	})
 
 	b.setStep(ids["b"], `state = 'complete', attempts = 1`)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"complete", 0, 0, "terminal"},
 		"b": {"complete", 1, 1, "terminal"},
 		"c": {"pending", 1, 1, ""},
@@ -172,7 +172,7 @@ func TestStepReadinessDiamond(t *testing.T) {
 	})
 
 	b.setStep(ids["c"], `state = 'skipped'`)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"complete", 0, 0, "terminal"},
 		"b": {"complete", 1, 1, "terminal"},
 		"c": {"skipped", 1, 1, "terminal"},
@@ -180,8 +180,8 @@ func TestStepReadinessDiamond(t *testing.T) {
 	})
 
 	// reset_task puts the skipped step back to pending: d loses a satisfied parent again.
-	b.exec(`SELECT stepready.reset_task($1, $2)`, taskID, p1Base)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.exec(`SELECT stepready.reset_task($1, $2)`, taskID, testBase)
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"complete", 0, 0, "terminal"},
 		"b": {"complete", 1, 1, "terminal"},
 		"c": {"pending", 1, 1, ""},
@@ -190,7 +190,7 @@ func TestStepReadinessDiamond(t *testing.T) {
 
 	// A cancelled parent does not satisfy: d keeps waiting.
 	b.setStep(ids["c"], `state = 'cancelled'`)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"a": {"complete", 0, 0, "terminal"},
 		"b": {"complete", 1, 1, "terminal"},
 		"c": {"cancelled", 1, 1, "terminal"},
@@ -200,7 +200,7 @@ func TestStepReadinessDiamond(t *testing.T) {
 
 func TestStepReadinessTree(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	taskID := b.createTask(`{"name": "tree", "steps": [
 		{"name": "root", "handler": "noop"},
 		{"name": "l", "handler": "noop", "depends_on": ["root"]},
@@ -210,7 +210,7 @@ func TestStepReadinessTree(t *testing.T) {
 		{"name": "r1", "handler": "noop", "depends_on": ["r"]}]}`)
 	ids := b.stepIDs(taskID)
 
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"root": {"pending", 0, 0, ""},
 		"l":    {"pending", 1, 0, "waiting_for_dependencies"},
 		"r":    {"pending", 1, 0, "waiting_for_dependencies"},
@@ -220,7 +220,7 @@ func TestStepReadinessTree(t *testing.T) {
 	})
 
 	b.setStep(ids["root"], `state = 'complete', attempts = 1`)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"root": {"complete", 0, 0, "terminal"},
 		"l":    {"pending", 1, 1, ""},
 		"r":    {"pending", 1, 1, ""},
@@ -229,9 +229,9 @@ func TestStepReadinessTree(t *testing.T) {
 		"r1":   {"pending", 1, 0, "waiting_for_dependencies"},
 	})
 
-	b.exec(`SELECT stepready.resolve_step($1, '{"manual": true}', $2)`, ids["l"], p1Base)
+	b.exec(`SELECT stepready.resolve_step($1, '{"manual": true}', $2)`, ids["l"], testBase)
 	b.setStep(ids["r"], `state = 'cancelled'`)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"root": {"complete", 0, 0, "terminal"},
 		"l":    {"resolved_manually", 1, 1, "terminal"},
 		"r":    {"cancelled", 1, 1, "terminal"},
@@ -242,7 +242,7 @@ func TestStepReadinessTree(t *testing.T) {
 
 	// A step in error does not satisfy either (the task is in error, so every step reports that first).
 	b.setStep(ids["l1"], `state = 'error', attempts = 3`)
-	b.requireReadiness(taskID, p1Base, map[string]p1Want{
+	b.requireReadiness(taskID, testBase, map[string]wantRow{
 		"root": {"complete", 0, 0, "task_not_active"},
 		"l":    {"resolved_manually", 1, 1, "task_not_active"},
 		"r":    {"cancelled", 1, 1, "task_not_active"},
@@ -254,16 +254,16 @@ func TestStepReadinessTree(t *testing.T) {
 
 func TestStepReadinessBackoffBoundary(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct {
 		name   string
 		offset time.Duration // next_attempt_at - as_of
 		reason string
 	}{
-		{"due 1 µs ago", -p1Resolution, ""},
+		{"due 1 µs ago", -tick, ""},
 		{"due exactly now", 0, ""},
-		{"due in 1 µs", p1Resolution, "backoff"},
+		{"due in 1 µs", tick, "backoff"},
 	}
 	for _, state := range []struct{ state, set string }{
 		{"pending", `state = 'pending', attempts = 0`},
@@ -275,11 +275,11 @@ func TestStepReadinessBackoffBoundary(t *testing.T) {
 				b := b.on(t)
 				taskID := b.insertTask("backoff")
 				stepID := b.insertStep(taskID, "s")
-				asOf := p1Base.Add(time.Hour)
+				asOf := testBase.Add(time.Hour)
 				b.setStep(stepID, state.set+`, next_attempt_at = $2`, asOf.Add(tt.offset))
 
 				r := b.stepReadiness(taskID, stepID, asOf)
-				p1RequireTime(t, asOf.Add(tt.offset), r.NextAttemptAt)
+				requireTimeIs(t, asOf.Add(tt.offset), r.NextAttemptAt)
 				require.True(t, r.RetryEligible)
 				if tt.reason == "" {
 					require.True(t, r.Ready)
@@ -296,7 +296,7 @@ func TestStepReadinessBackoffBoundary(t *testing.T) {
 
 func TestStepReadinessFilterReadsParentsFromTheTable(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	taskID := b.createTask(`{"name": "filter", "steps": [
 		{"name": "a", "handler": "noop"},
 		{"name": "b", "handler": "noop", "depends_on": ["a"]},
@@ -306,7 +306,7 @@ func TestStepReadinessFilterReadsParentsFromTheTable(t *testing.T) {
 
 	// Only a is complete: c sees a complete and b not.
 	b.setStep(ids["a"], `state = 'complete', attempts = 1`)
-	rows := b.readiness([]int64{taskID}, []int64{ids["c"]}, p1Base)
+	rows := b.readiness([]int64{taskID}, []int64{ids["c"]}, testBase)
 	require.Len(t, rows, 1)
 	require.Equal(t, ids["c"], rows[0].StepID)
 	require.Equal(t, int32(2), rows[0].TotalParents)
@@ -315,7 +315,7 @@ func TestStepReadinessFilterReadsParentsFromTheTable(t *testing.T) {
 
 	// Both complete: c alone in the filter still sees both parents complete.
 	b.setStep(ids["b"], `state = 'complete', attempts = 1`)
-	rows = b.readiness([]int64{taskID}, []int64{ids["c"]}, p1Base)
+	rows = b.readiness([]int64{taskID}, []int64{ids["c"]}, testBase)
 	require.Len(t, rows, 1)
 	require.Equal(t, int32(2), rows[0].TotalParents)
 	require.Equal(t, int32(2), rows[0].CompletedParents)
@@ -324,14 +324,14 @@ func TestStepReadinessFilterReadsParentsFromTheTable(t *testing.T) {
 
 	// A filtered step of a task that is not asked for is not returned; the filter keeps the step order.
 	xID := b.stepIDs(otherID)["x"]
-	rows = b.readiness([]int64{taskID}, []int64{xID, ids["c"], ids["a"]}, p1Base)
+	rows = b.readiness([]int64{taskID}, []int64{xID, ids["c"], ids["a"]}, testBase)
 	require.Len(t, rows, 2)
 	require.Equal(t, []int64{ids["a"], ids["c"]}, []int64{rows[0].StepID, rows[1].StepID})
 }
 
 func TestStepReadinessBlockedReasons(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct {
 		name string
@@ -406,7 +406,7 @@ func TestStepReadinessBlockedReasons(t *testing.T) {
 		{name: "retries_exhausted before backoff", stepSet: `state = 'waiting_for_retry', attempts = 3,
 			max_attempts = 3, next_attempt_at = $2`, reason: "retries_exhausted"},
 	}
-	asOf := p1Base
+	asOf := testBase
 	future := asOf.Add(time.Second)
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -447,7 +447,7 @@ func TestStepReadinessBlockedReasons(t *testing.T) {
 
 func TestStepReadinessRetryEligibleColumn(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	taskID := b.insertTask("eligible")
 	fresh := b.insertStep(taskID, "fresh")
 	left := b.insertStep(taskID, "left")
@@ -455,11 +455,11 @@ func TestStepReadinessRetryEligibleColumn(t *testing.T) {
 	b.setStep(left, `state = 'waiting_for_retry', attempts = 2, max_attempts = 3, retryable = true`)
 	b.setStep(spent, `state = 'waiting_for_retry', attempts = 3, max_attempts = 3, retryable = true`)
 
-	got := b.readinessByName(taskID, p1Base)
+	got := b.readinessByName(taskID, testBase)
 	require.True(t, got["fresh"].RetryEligible)
 	require.Equal(t, int32(0), got["fresh"].Attempts)
-	require.Equal(t, p1Ptr[int32](3), got["fresh"].MaxAttempts, "standard preset")
-	require.Equal(t, p1Ptr(true), got["fresh"].Retryable)
+	require.Equal(t, ptr[int32](3), got["fresh"].MaxAttempts, "standard preset")
+	require.Equal(t, ptr(true), got["fresh"].Retryable)
 	require.True(t, got["left"].RetryEligible)
 	require.Equal(t, int32(2), got["left"].Attempts)
 	require.False(t, got["spent"].RetryEligible)
@@ -470,20 +470,20 @@ func TestStepReadinessRetryEligibleColumn(t *testing.T) {
 
 func TestStepReadinessColumns(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	taskID := b.createTask(`{"name": "cols", "steps": [{"name": "a", "handler": "noop"}]}`)
 
-	require.Equal(t, p1ReadinessColumns,
-		b.columnNames(`SELECT * FROM stepready.step_readiness($1::bigint[], NULL, $2)`, []int64{taskID}, p1Base))
+	require.Equal(t, readinessColumns,
+		b.columnNames(`SELECT * FROM stepready.step_readiness($1::bigint[], NULL, $2)`, []int64{taskID}, testBase))
 	// The documented defaults: p_step_ids NULL and p_as_of now().
-	require.Equal(t, p1ReadinessColumns,
+	require.Equal(t, readinessColumns,
 		b.columnNames(`SELECT * FROM stepready.step_readiness(ARRAY[$1::bigint])`, taskID))
-	require.Len(t, b.readiness([]int64{taskID}, nil, p1Base), 1)
+	require.Len(t, b.readiness([]int64{taskID}, nil, testBase), 1)
 }
 
 func TestStepReadinessSeveralTasksOrderedByTaskThenStep(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	t1 := b.insertTask("first")
 	z := b.insertStep(t1, "z")
@@ -494,13 +494,13 @@ func TestStepReadinessSeveralTasksOrderedByTaskThenStep(t *testing.T) {
 	b.insertStep(t3, "n")
 	late := b.insertStep(t1, "late") // a higher id than every step of t2
 
-	rows := b.readiness([]int64{t2, t1}, nil, p1Base)
+	rows := b.readiness([]int64{t2, t1}, nil, testBase)
 	var got [][2]int64
 	for _, r := range rows {
 		got = append(got, [2]int64{r.TaskID, r.StepID})
 	}
 	require.Equal(t, [][2]int64{{t1, z}, {t1, a}, {t1, late}, {t2, m}}, got)
 
-	require.Empty(t, b.readiness([]int64{}, nil, p1Base))
-	require.Empty(t, b.readiness([]int64{t3 + 1000}, nil, p1Base))
+	require.Empty(t, b.readiness([]int64{}, nil, testBase))
+	require.Empty(t, b.readiness([]int64{t3 + 1000}, nil, testBase))
 }

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func (b *lcBundle) reap(asOf time.Time, limit int) int {
+func (b *lifecycleBundle) reap(asOf time.Time, limit int) int {
 	b.t.Helper()
 	return b.intCall(`SELECT stepready.reap_expired_leases($1, $2)`, asOf, limit)
 }
@@ -18,28 +18,28 @@ func (b *lcBundle) reap(asOf time.Time, limit int) int {
 func TestReapExpiredLeasesBoundary(t *testing.T) {
 	t.Parallel()
 
-	lease := lcBase.Add(lcLease) // the lease both fixtures below end up with
+	lease := testBase.Add(testLease) // the lease both fixtures below end up with
 	cases := []struct {
 		name   string
 		asOf   time.Time
 		reaped bool
 	}{
-		{"lease ended 1us before as_of", lease.Add(lcTick), true},
+		{"lease ended 1us before as_of", lease.Add(tick), true},
 		{"lease ends at as_of", lease, false},
-		{"lease ends 1us after as_of", lease.Add(-lcTick), false},
+		{"lease ends 1us after as_of", lease.Add(-tick), false},
 	}
 	for _, state := range []string{"enqueued", "in_progress"} {
 		for _, tc := range cases {
 			t.Run(state+"/"+tc.name, func(t *testing.T) {
 				t.Parallel()
-				b := lcSetup(t)
+				b := lifecycleSetup(t)
 				_, step := b.oneStep("")
 				if state == "enqueued" {
-					b.enqueue(step, lcBase)
+					b.enqueue(step, testBase)
 				} else {
-					b.run(step, lcBase)
+					b.run(step, testBase)
 				}
-				lcRequireTime(t, lease, b.step(step).LeaseExpiresAt, "lease_expires_at")
+				requireTime(t, lease, b.step(step).LeaseExpiresAt, "lease_expires_at")
 				before := b.snapshot(step)
 
 				n := b.reap(tc.asOf, 1000)
@@ -69,30 +69,30 @@ func TestReapExpiredLeasesEnqueuedReturnsUncharged(t *testing.T) {
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
-			b := lcSetup(t)
+			b := lifecycleSetup(t)
 			_, step := b.oneStep("")
-			now := lcBase
+			now := testBase
 			for range tc.priorFailures {
 				now = b.retryOnce(step, `{}`, now)
 			}
 			nextBefore := b.step(step).NextAttemptAt
 			b.enqueue(step, now)
 
-			reapAt := now.Add(lcLease + lcTick)
+			reapAt := now.Add(testLease + tick)
 			require.Equal(t, 1, b.reap(reapAt, 1000))
 			s := b.step(step)
 			require.Equal(t, tc.wantState, s.State)
 			require.Equal(t, tc.priorFailures, s.Attempts, "uncharged")
-			lcRequireSameTime(t, nextBefore, s.NextAttemptAt, "next_attempt_at")
+			requireSameTime(t, nextBefore, s.NextAttemptAt, "next_attempt_at")
 			require.Nil(t, s.LeaseOwner)
 			require.Nil(t, s.LeaseExpiresAt)
 			ev := b.lastEvents(step, 1)[0]
 			require.Equal(t, "lease.expired", ev.Event)
-			require.Equal(t, "enqueued", lcDeref(ev.FromState))
+			require.Equal(t, "enqueued", deref(ev.FromState))
 			require.True(t, reapAt.Equal(ev.At))
 
 			require.Equal(t, []int64{step}, b.claimIDs(reapAt), "ready again at once")
-			require.Equal(t, tc.priorFailures+1, lcDeref(b.start(step, reapAt)))
+			require.Equal(t, tc.priorFailures+1, deref(b.start(step, reapAt)))
 		})
 	}
 }
@@ -102,21 +102,21 @@ func TestReapExpiredLeasesInProgressFailsAsStalled(t *testing.T) {
 
 	t.Run("retry scheduled", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		taskID, step := b.oneStep(`"retry": {"max_attempts": 2}`)
-		b.run(step, lcBase)
-		reapAt := lcBase.Add(lcLease + time.Second)
+		b.run(step, testBase)
+		reapAt := testBase.Add(testLease + time.Second)
 		require.Equal(t, 1, b.reap(reapAt, 1000))
 
 		s := b.step(step)
 		require.Equal(t, "waiting_for_retry", s.State)
 		require.Equal(t, 1, s.Attempts, "a stalled attempt is charged")
-		lcRequireTime(t, reapAt.Add(time.Second), s.NextAttemptAt, "backoff of attempt 1")
+		requireTime(t, reapAt.Add(time.Second), s.NextAttemptAt, "backoff of attempt 1")
 		var lastError map[string]any
-		require.NoError(t, json.Unmarshal([]byte(lcDeref(s.LastError)), &lastError))
+		require.NoError(t, json.Unmarshal([]byte(deref(s.LastError)), &lastError))
 		require.Equal(t, "stalled", lastError["class"])
 		require.Equal(t, []string{"lease.expired", "attempt.failed", "retry.scheduled"},
-			lcEventNames(b.lastEvents(step, 3)))
+			eventNames(b.lastEvents(step, 3)))
 		require.Equal(t, "stalled", b.lastEvents(step, 1)[0].Details["class"])
 		b.requireStatus(taskID, "in_progress")
 
@@ -127,17 +127,17 @@ func TestReapExpiredLeasesInProgressFailsAsStalled(t *testing.T) {
 
 	t.Run("last attempt: retries_exhausted", func(t *testing.T) {
 		t.Parallel()
-		b := lcSetup(t)
+		b := lifecycleSetup(t)
 		taskID, step := b.oneStep(`"retry": {"max_attempts": 2}`)
-		now := b.retryOnce(step, `{}`, lcBase)
+		now := b.retryOnce(step, `{}`, testBase)
 		require.Equal(t, 2, b.run(step, now))
-		reapAt := now.Add(lcLease + lcTick)
+		reapAt := now.Add(testLease + tick)
 		require.Equal(t, 1, b.reap(reapAt, 1000))
 
 		s := b.step(step)
 		require.Equal(t, "error", s.State)
 		var lastError map[string]any
-		require.NoError(t, json.Unmarshal([]byte(lcDeref(s.LastError)), &lastError))
+		require.NoError(t, json.Unmarshal([]byte(deref(s.LastError)), &lastError))
 		require.Equal(t, "stalled", lastError["class"])
 		require.Equal(t, "retries_exhausted", lastError["reason"])
 		b.requireStatus(taskID, "error")
@@ -146,19 +146,19 @@ func TestReapExpiredLeasesInProgressFailsAsStalled(t *testing.T) {
 
 func TestReapExpiredLeasesCountAndLimit(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	_, ids := b.task(`{"name": "t", "steps": [{"name": "s1", "handler": "h"}, {"name": "s2", "handler": "h"},
 		{"name": "s3", "handler": "h"}, {"name": "s4", "handler": "h"}, {"name": "s5", "handler": "h"},
 		{"name": "live", "handler": "h"}, {"name": "idle", "handler": "h"}]}`)
 	for _, name := range []string{"s1", "s2", "s3"} {
-		b.enqueue(ids[name], lcBase)
+		b.enqueue(ids[name], testBase)
 	}
 	for _, name := range []string{"s4", "s5"} {
-		b.run(ids[name], lcBase)
+		b.run(ids[name], testBase)
 	}
-	b.run(ids["live"], lcBase)
-	reapAt := lcBase.Add(lcLease + time.Second)
-	require.True(t, b.boolCall(`SELECT stepready.heartbeat_step($1, 1, $2, $3)`, ids["live"], lcLeaseMs, reapAt))
+	b.run(ids["live"], testBase)
+	reapAt := testBase.Add(testLease + time.Second)
+	require.True(t, b.boolCall(`SELECT stepready.heartbeat_step($1, 1, $2, $3)`, ids["live"], testLeaseMs, reapAt))
 
 	require.Equal(t, 2, b.reap(reapAt, 2))
 	require.Equal(t, 0, b.reap(reapAt, 0))
@@ -168,17 +168,17 @@ func TestReapExpiredLeasesCountAndLimit(t *testing.T) {
 	b.requireState(ids["idle"], "pending")
 	require.Equal(t, 5, b.intCall(`SELECT count(*) FROM stepready.step_events WHERE event = 'lease.expired'`))
 
-	lcRequireSQLState(t, b.callErr(`SELECT stepready.reap_expired_leases($1, -1)`, reapAt), "22023", "p_limit")
+	requireSQLState(t, b.callErr(`SELECT stepready.reap_expired_leases($1, -1)`, reapAt), "22023", "p_limit")
 }
 
 // TestReapExpiredLeasesSkipsARowBeingCompleted: a completion holds the row lock while the reaper runs; the
 // reaper skips the row (SKIP LOCKED) instead of waiting or overwriting, and the completion wins.
 func TestReapExpiredLeasesSkipsARowBeingCompleted(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	taskID, step := b.oneStep("")
-	attempt := b.run(step, lcBase)
-	late := lcBase.Add(lcLease + time.Minute) // the worker answers after its lease ended
+	attempt := b.run(step, testBase)
+	late := testBase.Add(testLease + time.Minute) // the worker answers after its lease ended
 
 	connA := b.db.Conn(t)
 	txA, err := connA.Begin(b.ctx)
@@ -199,19 +199,19 @@ func TestReapExpiredLeasesSkipsARowBeingCompleted(t *testing.T) {
 	require.NoError(t, txA.Commit(b.ctx))
 	s := b.step(step)
 	require.Equal(t, "complete", s.State)
-	require.JSONEq(t, `{"v": 1}`, lcDeref(s.Output))
+	require.JSONEq(t, `{"v": 1}`, deref(s.Output))
 	require.Equal(t, 0, b.reap(late, 1000))
-	require.Empty(t, lcEventsNamed(b.events(step), "lease.expired"))
+	require.Empty(t, eventsNamed(b.events(step), "lease.expired"))
 	b.requireStatus(taskID, "complete")
 }
 
 // TestReapExpiredLeasesThenLateCompletion: the reaper commits first; the worker's result afterwards is refused.
 func TestReapExpiredLeasesThenLateCompletion(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	_, step := b.oneStep("")
-	attempt := b.run(step, lcBase)
-	late := lcBase.Add(lcLease + time.Minute)
+	attempt := b.run(step, testBase)
+	late := testBase.Add(testLease + time.Minute)
 	require.Equal(t, 1, b.reap(late, 1000))
 	b.requireState(step, "waiting_for_retry")
 	before := b.snapshot(step)
@@ -224,10 +224,10 @@ func TestReapExpiredLeasesThenLateCompletion(t *testing.T) {
 // arriving meanwhile waits for it, then sees the attempt failed and is refused.
 func TestReapExpiredLeasesHoldsTheRowWhileACompletionWaits(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	_, step := b.oneStep("")
-	attempt := b.run(step, lcBase)
-	late := lcBase.Add(lcLease + time.Minute)
+	attempt := b.run(step, testBase)
+	late := testBase.Add(testLease + time.Minute)
 
 	reaper := b.db.Conn(t)
 	tx, err := reaper.Begin(b.ctx)
@@ -249,7 +249,7 @@ func TestReapExpiredLeasesHoldsTheRowWhileACompletionWaits(t *testing.T) {
 			step, attempt, late).Scan(&r.ok)
 		done <- r
 	}()
-	b.lcWaitBlocked(worker.PgConn().PID())
+	b.waitBlocked(worker.PgConn().PID())
 	require.NoError(t, tx.Commit(b.ctx))
 
 	select {
@@ -263,8 +263,8 @@ func TestReapExpiredLeasesHoldsTheRowWhileACompletionWaits(t *testing.T) {
 	require.Equal(t, 1, b.step(step).Attempts)
 }
 
-func lcEventsNamed(evs []lcEvent, name string) []lcEvent {
-	var out []lcEvent
+func eventsNamed(evs []lifecycleEvent, name string) []lifecycleEvent {
+	var out []lifecycleEvent
 	for _, e := range evs {
 		if e.Event == name {
 			out = append(out, e)

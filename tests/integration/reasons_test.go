@@ -16,7 +16,7 @@ import (
 )
 
 // listNames returns a list function's names in rank order, checking that the ranks are 1, 2, 3…
-func listNames(t *testing.T, b *p1Bundle, query string) []string {
+func listNames(t *testing.T, b *schemaBundle, query string) []string {
 	t.Helper()
 	rows, err := b.db.Pool.Query(context.Background(), query)
 	require.NoError(t, err)
@@ -36,8 +36,8 @@ func listNames(t *testing.T, b *p1Bundle, query string) []string {
 
 func TestReadinessReasonsPrecedence(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
-	at := p1Base
+	b := schemaSetup(t)
+	at := testBase
 	reasons := listNames(t, b, `SELECT rank, reason FROM stepready.readiness_reasons() ORDER BY rank`)
 	rank := map[string]int32{}
 	for i, r := range reasons {
@@ -112,8 +112,8 @@ func TestReadinessReasonsPrecedence(t *testing.T) {
 
 func TestExecutionStatusesPrecedence(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
-	at := p1Base
+	b := schemaSetup(t)
+	at := testBase
 	statuses := listNames(t, b, `SELECT rank, execution_status FROM stepready.execution_statuses() ORDER BY rank`)
 	status := func(task int64) string {
 		t.Helper()

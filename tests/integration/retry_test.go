@@ -10,10 +10,10 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// p1RetryEligibleOracle is SPEC §4 read word by word, independently of the SQL: "true when COALESCE(p_attempts,0)
+// retryEligibleOracle is SPEC §4 read word by word, independently of the SQL: "true when COALESCE(p_attempts,0)
 // = 0 (the first attempt is always allowed, whatever the other two say), else COALESCE(p_retryable,true) AND
 // p_attempts < COALESCE(p_max_attempts,3)".
-func p1RetryEligibleOracle(attempts, maxAttempts *int32, retryable *bool) bool {
+func retryEligibleOracle(attempts, maxAttempts *int32, retryable *bool) bool {
 	if attempts == nil || *attempts == 0 {
 		return true
 	}
@@ -27,11 +27,11 @@ func p1RetryEligibleOracle(attempts, maxAttempts *int32, retryable *bool) bool {
 
 func TestRetryEligibleTruthTable(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
-	attemptsValues := []*int32{p1Ptr[int32](0), p1Ptr[int32](1), p1Ptr[int32](2), p1Ptr[int32](3), nil}
-	maxValues := []*int32{p1Ptr[int32](0), p1Ptr[int32](1), p1Ptr[int32](3), nil}
-	retryableValues := []*bool{p1Ptr(true), p1Ptr(false), nil}
+	attemptsValues := []*int32{ptr[int32](0), ptr[int32](1), ptr[int32](2), ptr[int32](3), nil}
+	maxValues := []*int32{ptr[int32](0), ptr[int32](1), ptr[int32](3), nil}
+	retryableValues := []*bool{ptr(true), ptr(false), nil}
 
 	// The oracle itself is checked against a count made by hand: 24 combinations with attempts 0 or NULL, plus
 	// attempts 1 and 2 below max_attempts 3 or NULL (default 3) with retryable true or NULL: 2 × 2 × 2 = 8.
@@ -40,7 +40,7 @@ func TestRetryEligibleTruthTable(t *testing.T) {
 		for _, m := range maxValues {
 			for _, r := range retryableValues {
 				combinations++
-				if p1RetryEligibleOracle(a, m, r) {
+				if retryEligibleOracle(a, m, r) {
 					eligible++
 				}
 			}
@@ -52,8 +52,8 @@ func TestRetryEligibleTruthTable(t *testing.T) {
 	for _, a := range attemptsValues {
 		for _, m := range maxValues {
 			for _, r := range retryableValues {
-				want := p1RetryEligibleOracle(a, m, r)
-				name := fmt.Sprintf("attempts=%s/max_attempts=%s/retryable=%s", p1Str(a), p1Str(m), p1Str(r))
+				want := retryEligibleOracle(a, m, r)
+				name := fmt.Sprintf("attempts=%s/max_attempts=%s/retryable=%s", str(a), str(m), str(r))
 				t.Run(name, func(t *testing.T) {
 					t.Parallel()
 					var got *bool
@@ -69,7 +69,7 @@ func TestRetryEligibleTruthTable(t *testing.T) {
 
 func TestRetryEligibleNamedCases(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct {
 		name        string
@@ -99,7 +99,7 @@ func TestRetryEligibleNamedCases(t *testing.T) {
 
 func TestRetryFunctionsAreImmutable(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct{ signature, result string }{
 		{"stepready.retry_eligible(int, int, bool)", "boolean"},
@@ -119,15 +119,15 @@ func TestRetryFunctionsAreImmutable(t *testing.T) {
 }
 
 const (
-	p1ThirtyDaysMs = int64(30 * 24 * time.Hour / time.Millisecond) // 2592000000: the clamp of an uncapped delay
-	p1MaxInt32     = int32(math.MaxInt32)
-	p1MaxInt64     = int64(math.MaxInt64)
+	thirtyDaysMs = int64(30 * 24 * time.Hour / time.Millisecond) // 2592000000: the clamp of an uncapped delay
+	maxInt32     = int32(math.MaxInt32)
+	maxInt64     = int64(math.MaxInt64)
 )
 
 func TestBackoffDelayMs(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
-	require.Equal(t, int64(2592000000), p1ThirtyDaysMs)
+	b := schemaSetup(t)
+	require.Equal(t, int64(2592000000), thirtyDaysMs)
 
 	type args struct {
 		backoff    string
@@ -184,36 +184,36 @@ func TestBackoffDelayMs(t *testing.T) {
 
 		// NULL cap: uncapped, clamped to 30 days.
 		{"uncapped exponential below 30 days", args{"exponential", a(22), 1000, 2, noCap}, 2097152000},
-		{"uncapped exponential above 30 days is clamped", args{"exponential", a(23), 1000, 2, noCap}, p1ThirtyDaysMs},
-		{"uncapped linear exactly 30 days", args{"linear", a(2592000), 1000, 1, noCap}, p1ThirtyDaysMs},
-		{"uncapped linear 1 s over 30 days is clamped", args{"linear", a(2592001), 1000, 1, noCap}, p1ThirtyDaysMs},
-		{"uncapped fixed 1 ms over 30 days is clamped", args{"fixed", a(1), p1ThirtyDaysMs + 1, 1, noCap}, p1ThirtyDaysMs},
-		{"uncapped fixed 1 ms under 30 days", args{"fixed", a(1), p1ThirtyDaysMs - 1, 1, noCap}, p1ThirtyDaysMs - 1},
+		{"uncapped exponential above 30 days is clamped", args{"exponential", a(23), 1000, 2, noCap}, thirtyDaysMs},
+		{"uncapped linear exactly 30 days", args{"linear", a(2592000), 1000, 1, noCap}, thirtyDaysMs},
+		{"uncapped linear 1 s over 30 days is clamped", args{"linear", a(2592001), 1000, 1, noCap}, thirtyDaysMs},
+		{"uncapped fixed 1 ms over 30 days is clamped", args{"fixed", a(1), thirtyDaysMs + 1, 1, noCap}, thirtyDaysMs},
+		{"uncapped fixed 1 ms under 30 days", args{"fixed", a(1), thirtyDaysMs - 1, 1, noCap}, thirtyDaysMs - 1},
 
 		// Huge attempt numbers never overflow.
-		{"huge attempt none uncapped", args{"none", a(p1MaxInt32), 1000, 2, noCap}, 1000},
-		{"huge attempt fixed uncapped", args{"fixed", a(p1MaxInt32), 1000, 2, noCap}, 1000},
-		{"huge attempt linear uncapped", args{"linear", a(p1MaxInt32), 1000, 2, noCap}, p1ThirtyDaysMs},
-		{"huge attempt exponential uncapped", args{"exponential", a(p1MaxInt32), 1000, 2, noCap}, p1ThirtyDaysMs},
-		{"huge attempt none capped", args{"none", a(p1MaxInt32), 1000, 2, c(30000)}, 1000},
-		{"huge attempt fixed capped", args{"fixed", a(p1MaxInt32), 1000, 2, c(30000)}, 1000},
-		{"huge attempt linear capped", args{"linear", a(p1MaxInt32), 1000, 2, c(30000)}, 30000},
-		{"huge attempt exponential capped", args{"exponential", a(p1MaxInt32), 1000, 2, c(30000)}, 30000},
-		{"huge attempt exponential capped at max bigint", args{"exponential", a(p1MaxInt32), 1000, 2, c(p1MaxInt64)}, p1MaxInt64},
+		{"huge attempt none uncapped", args{"none", a(maxInt32), 1000, 2, noCap}, 1000},
+		{"huge attempt fixed uncapped", args{"fixed", a(maxInt32), 1000, 2, noCap}, 1000},
+		{"huge attempt linear uncapped", args{"linear", a(maxInt32), 1000, 2, noCap}, thirtyDaysMs},
+		{"huge attempt exponential uncapped", args{"exponential", a(maxInt32), 1000, 2, noCap}, thirtyDaysMs},
+		{"huge attempt none capped", args{"none", a(maxInt32), 1000, 2, c(30000)}, 1000},
+		{"huge attempt fixed capped", args{"fixed", a(maxInt32), 1000, 2, c(30000)}, 1000},
+		{"huge attempt linear capped", args{"linear", a(maxInt32), 1000, 2, c(30000)}, 30000},
+		{"huge attempt exponential capped", args{"exponential", a(maxInt32), 1000, 2, c(30000)}, 30000},
+		{"huge attempt exponential capped at max bigint", args{"exponential", a(maxInt32), 1000, 2, c(maxInt64)}, maxInt64},
 
 		// Huge bases and multipliers never overflow.
-		{"huge base fixed uncapped", args{"fixed", a(1), p1MaxInt64, 2, noCap}, p1ThirtyDaysMs},
-		{"huge base fixed capped", args{"fixed", a(1), p1MaxInt64, 2, c(5000)}, 5000},
-		{"huge base fixed capped at max bigint", args{"fixed", a(1), p1MaxInt64, 2, c(p1MaxInt64)}, p1MaxInt64},
-		{"huge base linear uncapped", args{"linear", a(p1MaxInt32), p1MaxInt64, 2, noCap}, p1ThirtyDaysMs},
-		{"huge base linear capped at max bigint", args{"linear", a(2), p1MaxInt64, 2, c(p1MaxInt64)}, p1MaxInt64},
-		{"huge base exponential uncapped", args{"exponential", a(p1MaxInt32), p1MaxInt64, 2, noCap}, p1ThirtyDaysMs},
-		{"huge base exponential capped", args{"exponential", a(p1MaxInt32), p1MaxInt64, 2, c(30000)}, 30000},
-		{"huge multiplier uncapped", args{"exponential", a(2), 1000, 1e300, noCap}, p1ThirtyDaysMs},
-		{"largest multiplier huge attempt", args{"exponential", a(p1MaxInt32), 1000, math.MaxFloat64, noCap}, p1ThirtyDaysMs},
+		{"huge base fixed uncapped", args{"fixed", a(1), maxInt64, 2, noCap}, thirtyDaysMs},
+		{"huge base fixed capped", args{"fixed", a(1), maxInt64, 2, c(5000)}, 5000},
+		{"huge base fixed capped at max bigint", args{"fixed", a(1), maxInt64, 2, c(maxInt64)}, maxInt64},
+		{"huge base linear uncapped", args{"linear", a(maxInt32), maxInt64, 2, noCap}, thirtyDaysMs},
+		{"huge base linear capped at max bigint", args{"linear", a(2), maxInt64, 2, c(maxInt64)}, maxInt64},
+		{"huge base exponential uncapped", args{"exponential", a(maxInt32), maxInt64, 2, noCap}, thirtyDaysMs},
+		{"huge base exponential capped", args{"exponential", a(maxInt32), maxInt64, 2, c(30000)}, 30000},
+		{"huge multiplier uncapped", args{"exponential", a(2), 1000, 1e300, noCap}, thirtyDaysMs},
+		{"largest multiplier huge attempt", args{"exponential", a(maxInt32), 1000, math.MaxFloat64, noCap}, thirtyDaysMs},
 
 		// Multiplier 1 and fractional multipliers (truncated to whole ms).
-		{"multiplier 1 huge attempt", args{"exponential", a(p1MaxInt32), 1000, 1, noCap}, 1000},
+		{"multiplier 1 huge attempt", args{"exponential", a(maxInt32), 1000, 1, noCap}, 1000},
 		{"multiplier 1.1 attempt 2", args{"exponential", a(2), 1000, 1.1, noCap}, 1100},
 		{"multiplier 1.1 attempt 5 (1464.1)", args{"exponential", a(5), 1000, 1.1, noCap}, 1464},
 		{"multiplier 1.5 attempt 3", args{"exponential", a(3), 1000, 1.5, noCap}, 2250},
@@ -234,38 +234,38 @@ func TestBackoffDelayMs(t *testing.T) {
 
 func TestBackoffDelayMsUnknownStrategy(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	for _, strategy := range []string{"quadratic", ""} {
 		t.Run(fmt.Sprintf("%q", strategy), func(t *testing.T) {
 			t.Parallel()
 			err := b.execErr(`SELECT stepready.backoff_delay_ms($1::text, 1, 1000, 2, NULL)`, strategy)
-			p1RequirePgError(t, err, "22023", fmt.Sprintf("'%s'", strategy))
+			requirePgError(t, err, "22023", fmt.Sprintf("'%s'", strategy))
 		})
 	}
 }
 
 // jitterStep creates a one-step task with the given step retry object and puts the step in_progress with
 // attempts already charged, as if attempt number `attempts` were running.
-func (b *p1Bundle) jitterStep(retry string, attempts int32) int64 {
+func (b *schemaBundle) jitterStep(retry string, attempts int32) int64 {
 	b.t.Helper()
 	taskID := b.createTask(`{"name": "jitter", "steps": [{"name": "s", "handler": "noop", "retry": ` + retry + `}]}`)
 	stepID := b.stepIDs(taskID)["s"]
 	b.setStep(stepID, `state = 'in_progress', attempts = $2, lease_owner = 'w',
-	                   lease_expires_at = $3`, attempts, p1Base.Add(time.Hour))
+	                   lease_expires_at = $3`, attempts, testBase.Add(time.Hour))
 	return stepID
 }
 
-// p1FailResult is the row fail_step returns.
-type p1FailResult struct {
+// failDecision is the row fail_step returns.
+type failDecision struct {
 	State         string     `db:"state"`
 	NextAttemptAt *time.Time `db:"next_attempt_at"`
 	Reason        *string    `db:"reason"`
 }
 
-func (b *p1Bundle) failStep(stepID int64, attempt int32, errJSON string, asOf time.Time, sample float64) (p1FailResult, error) {
+func (b *schemaBundle) failStep(stepID int64, attempt int32, errJSON string, asOf time.Time, sample float64) (failDecision, error) {
 	b.t.Helper()
-	var r p1FailResult
+	var r failDecision
 	err := b.db.Pool.QueryRow(b.t.Context(),
 		`SELECT state, next_attempt_at, reason FROM stepready.fail_step($1, $2, $3::jsonb, $4, $5)`,
 		stepID, attempt, errJSON, asOf, sample).Scan(&r.State, &r.NextAttemptAt, &r.Reason)
@@ -274,7 +274,7 @@ func (b *p1Bundle) failStep(stepID int64, attempt int32, errJSON string, asOf ti
 
 func TestJitterReplayThroughFailStep(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	tests := []struct {
 		name      string
@@ -299,19 +299,19 @@ func TestJitterReplayThroughFailStep(t *testing.T) {
 			t.Parallel()
 			b := b.on(t)
 			stepID := b.jitterStep(tt.retry, tt.attempts)
-			asOf := p1Base.Add(time.Minute)
+			asOf := testBase.Add(time.Minute)
 
 			res, err := b.failStep(stepID, tt.attempts, `{"class": "transient", "message": "boom"}`, asOf, tt.sample)
 			require.NoError(t, err)
 			require.Equal(t, "waiting_for_retry", res.State)
 			require.Nil(t, res.Reason)
 			want := asOf.Add(time.Duration(tt.wantDelay) * time.Millisecond)
-			p1RequireTime(t, want, res.NextAttemptAt, "returned next_attempt_at")
+			requireTimeIs(t, want, res.NextAttemptAt, "returned next_attempt_at")
 
 			var stored *time.Time
 			require.NoError(t, b.db.Pool.QueryRow(t.Context(),
 				`SELECT next_attempt_at FROM stepready.steps WHERE id = $1`, stepID).Scan(&stored))
-			p1RequireTime(t, want, stored, "stored next_attempt_at")
+			requireTimeIs(t, want, stored, "stored next_attempt_at")
 
 			// The sample is recorded in the retry.scheduled event, so the schedule can be replayed.
 			var details []byte
@@ -328,10 +328,10 @@ func TestJitterReplayThroughFailStep(t *testing.T) {
 
 func TestJitterReplayIsDeterministic(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	retry := `{"backoff": "exponential", "base_delay_ms": 1000, "multiplier": 3, "max_attempts": 5,
 	           "max_delay_ms": 600000, "jitter": 0.5}`
-	asOf := p1Base.Add(time.Hour)
+	asOf := testBase.Add(time.Hour)
 	const sample = 0.37
 
 	first := b.jitterStep(retry, 2)
@@ -347,10 +347,10 @@ func TestJitterReplayIsDeterministic(t *testing.T) {
 
 	// 1000 × 3 = 3000, × (1 − 0.5 × 0.37) = 2445.
 	want := asOf.Add(2445 * time.Millisecond)
-	p1RequireTime(t, want, r1.NextAttemptAt)
-	p1RequireTime(t, want, r2.NextAttemptAt, "the same sample gives the same schedule")
+	requireTimeIs(t, want, r1.NextAttemptAt)
+	requireTimeIs(t, want, r2.NextAttemptAt, "the same sample gives the same schedule")
 	// 3000 × (1 − 0.5 × 0.9) = 1650: another sample, another (shorter) schedule.
-	p1RequireTime(t, asOf.Add(1650*time.Millisecond), r3.NextAttemptAt)
+	requireTimeIs(t, asOf.Add(1650*time.Millisecond), r3.NextAttemptAt)
 
 	// Replay from the record alone: the recorded sample and the step's policy give the stored schedule.
 	var (
@@ -375,15 +375,15 @@ func TestJitterReplayIsDeterministic(t *testing.T) {
 
 func TestJitterSampleOutsideRangeIsRejected(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 
 	for _, sample := range []float64{1, 1.5, -0.1, -1e-9, math.NaN()} {
 		t.Run(fmt.Sprint(sample), func(t *testing.T) {
 			t.Parallel()
 			b := b.on(t)
 			stepID := b.jitterStep(`{"jitter": 0.5}`, 1)
-			_, err := b.failStep(stepID, 1, `{"class": "transient"}`, p1Base, sample)
-			p1RequirePgError(t, err, "22023", "p_jitter_sample")
+			_, err := b.failStep(stepID, 1, `{"class": "transient"}`, testBase, sample)
+			requirePgError(t, err, "22023", "p_jitter_sample")
 
 			var state string
 			require.NoError(t, b.db.Pool.QueryRow(t.Context(),

@@ -13,8 +13,8 @@ import (
 // daemon at run_at.
 func TestRunAtBoundary(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	runAt := lcBase.Add(time.Hour)
+	b := lifecycleSetup(t)
+	runAt := testBase.Add(time.Hour)
 	taskID, ids := b.task(fmt.Sprintf(`{"name": "later", "run_at": %q,
 		"steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h", "depends_on": ["a"]}]}`,
 		runAt.Format(time.RFC3339)))
@@ -28,9 +28,9 @@ func TestRunAtBoundary(t *testing.T) {
 		asOf   time.Time
 		reason string
 	}{
-		{"an hour before", lcBase, "scheduled"},
+		{"an hour before", testBase, "scheduled"},
 		{"1 ms before", runAt.Add(-time.Millisecond), "scheduled"},
-		{"1 µs before", runAt.Add(-lcTick), "scheduled"},
+		{"1 µs before", runAt.Add(-tick), "scheduled"},
 		{"at run_at", runAt, ""},
 	} {
 		if tc.reason == "" {
@@ -44,7 +44,7 @@ func TestRunAtBoundary(t *testing.T) {
 		}
 	}
 	var next *time.Time
-	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.next_claim_at($1)`, lcBase).Scan(&next))
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.next_claim_at($1)`, testBase).Scan(&next))
 	require.NotNil(t, next)
 	require.True(t, runAt.Equal(*next), "the daemon wakes at run_at")
 
@@ -57,17 +57,17 @@ func TestRunAtBoundary(t *testing.T) {
 	other, oids := b.task(fmt.Sprintf(`{"name": "p", "run_at": %q, "steps": [{"name": "x", "handler": "h"}]}`,
 		runAt.Format(time.RFC3339)))
 	b.exec(`SELECT stepready.pause_task($1)`, other)
-	b.requireNotReady(oids["x"], lcBase, "task_paused")
+	b.requireNotReady(oids["x"], testBase, "task_paused")
 }
 
 // explain names the start time and the wait; a backoff equal to run_at is not reported twice.
 func TestRunAtExplain(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	runAt := lcBase.Add(59 * time.Minute)
+	b := lifecycleSetup(t)
+	runAt := testBase.Add(59 * time.Minute)
 	_, ids := b.task(fmt.Sprintf(`{"name": "later", "run_at": %q, "steps": [{"name": "a", "handler": "h"}]}`,
 		runAt.Format(time.RFC3339)))
-	rows, err := b.db.Pool.Query(b.ctx, `SELECT reason, message FROM stepready.explain_step($1, $2)`, ids["a"], lcBase)
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT reason, message FROM stepready.explain_step($1, $2)`, ids["a"], testBase)
 	require.NoError(t, err)
 	var got []string
 	for rows.Next() {
@@ -83,28 +83,28 @@ func TestRunAtExplain(t *testing.T) {
 // the steps that have not started.
 func TestRunAtPlainSQL(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	runAt := lcBase.Add(10 * time.Minute)
+	b := lifecycleSetup(t)
+	runAt := testBase.Add(10 * time.Minute)
 	var taskID, stepID int64
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `INSERT INTO stepready.tasks (name, run_at) VALUES ('plain', $1)
 		RETURNING id`, runAt).Scan(&taskID))
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `INSERT INTO stepready.steps (task_id, name, handler)
 		VALUES ($1, 's', 'h') RETURNING id`, taskID).Scan(&stepID))
-	b.requireNotReady(stepID, runAt.Add(-lcTick), "scheduled")
+	b.requireNotReady(stepID, runAt.Add(-tick), "scheduled")
 	b.requireReady(stepID, runAt)
 
-	later := lcBase.Add(20 * time.Minute)
+	later := testBase.Add(20 * time.Minute)
 	b.exec(`UPDATE stepready.tasks SET run_at = $2 WHERE id = $1`, taskID, later)
 	b.requireNotReady(stepID, runAt, "scheduled")
-	require.Empty(t, b.claim(10, later.Add(-lcTick)))
+	require.Empty(t, b.claim(10, later.Add(-tick)))
 	b.exec(`UPDATE stepready.tasks SET run_at = NULL WHERE id = $1`, taskID)
-	b.requireReady(stepID, lcBase)
+	b.requireReady(stepID, testBase)
 }
 
 // Bad run_at values are definition errors naming the field.
 func TestRunAtValidation(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
+	b := lifecycleSetup(t)
 	for _, tc := range []struct{ value, want string }{
 		{`"tomorrow"`, `run_at: must be an RFC 3339 timestamp`},
 		{`"2030-01-01T00:00:00"`, `run_at: must be an RFC 3339 timestamp`},
@@ -127,14 +127,14 @@ func TestRunAtValidation(t *testing.T) {
 // it had failed), and says when.
 func TestRunAtExecutionContext(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	runAt := lcBase.Add(time.Hour)
+	b := lifecycleSetup(t)
+	runAt := testBase.Add(time.Hour)
 	taskID, _ := b.task(fmt.Sprintf(`{"name": "later", "run_at": %q, "steps": [{"name": "a", "handler": "h"}]}`,
 		runAt.Format(time.RFC3339)))
 	var status string
 	var next *time.Time
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT execution_status, next_attempt_at
-		FROM stepready.task_execution_context($1, $2)`, taskID, lcBase).Scan(&status, &next))
+		FROM stepready.task_execution_context($1, $2)`, taskID, testBase).Scan(&status, &next))
 	require.Equal(t, "scheduled", status)
 	require.True(t, runAt.Equal(*next))
 }
@@ -143,10 +143,10 @@ func TestRunAtExecutionContext(t *testing.T) {
 // claim_ready_steps and next_claim_at read about as many rows as there are ready steps.
 func TestRunAtClaimCostFollowsReadySteps(t *testing.T) {
 	t.Parallel()
-	b := p1Setup(t)
+	b := schemaSetup(t)
 	conn := b.db.Conn(t)
 	ctx := t.Context()
-	asOf := p1Base
+	asOf := testBase
 	_, err := conn.Exec(ctx, `WITH t AS (INSERT INTO stepready.tasks (name, run_at)
 			SELECT 'next-year', $1::timestamptz FROM generate_series(1, 3000) RETURNING id)
 		INSERT INTO stepready.steps (task_id, name, handler) SELECT id, 's', 'noop' FROM t`, asOf.AddDate(1, 0, 0))
@@ -160,18 +160,18 @@ func TestRunAtClaimCostFollowsReadySteps(t *testing.T) {
 	_, err = conn.Exec(ctx, `VACUUM (ANALYZE) stepready.steps, stepready.tasks`)
 	require.NoError(t, err)
 
-	before := p1StepsTuplesRead(t, conn)
+	before := stepsTuplesRead(t, conn)
 	var claimed int64
 	require.NoError(t, conn.QueryRow(ctx,
 		`SELECT count(*) FROM stepready.claim_ready_steps(100, 'w', 60000, $1)`, asOf).Scan(&claimed))
-	read := p1StepsTuplesRead(t, conn) - before
+	read := stepsTuplesRead(t, conn) - before
 	require.Equal(t, int64(ready), claimed)
 	require.LessOrEqual(t, read, int64(10*ready+50), "tuples of steps read by one claim (3005 in the table)")
 
-	before = p1StepsTuplesRead(t, conn)
+	before = stepsTuplesRead(t, conn)
 	var next time.Time
 	require.NoError(t, conn.QueryRow(ctx, `SELECT stepready.next_claim_at($1)`, asOf).Scan(&next))
-	read = p1StepsTuplesRead(t, conn) - before
+	read = stepsTuplesRead(t, conn) - before
 	require.True(t, asOf.AddDate(1, 0, 0).Equal(next))
 	require.LessOrEqual(t, read, int64(10), "next_claim_at reads the first scheduled entry only")
 }
@@ -181,23 +181,23 @@ func TestRunAtClaimCostFollowsReadySteps(t *testing.T) {
 // cleared the delay and the step ran at once.
 func TestRunAtSurvivesResetAndRetryNow(t *testing.T) {
 	t.Parallel()
-	b := lcSetup(t)
-	runAt := lcBase.Add(time.Hour)
+	b := lifecycleSetup(t)
+	runAt := testBase.Add(time.Hour)
 	taskID, ids := b.task(fmt.Sprintf(`{"name": "later", "run_at": %q, "steps": [{"name": "a", "handler": "h"}]}`,
 		runAt.Format(time.RFC3339)))
-	b.exec(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, lcBase)
-	b.exec(`SELECT stepready.reset_task($1, $2)`, taskID, lcBase)
+	b.exec(`SELECT stepready.cancel_task($1, NULL, $2)`, taskID, testBase)
+	b.exec(`SELECT stepready.reset_task($1, $2)`, taskID, testBase)
 	claimable := func(at time.Time) int {
 		var n int
 		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM stepready.steps
 			WHERE id = $1 AND COALESCE(next_attempt_at, '-infinity') <= $2`, ids["a"], at).Scan(&n))
 		return n
 	}
-	require.Zero(t, claimable(lcBase), "reset keeps the first attempt at run_at")
-	b.requireNotReady(ids["a"], lcBase, "scheduled")
-	b.exec(`SELECT stepready.retry_step_now($1, $2)`, ids["a"], lcBase)
-	require.Zero(t, claimable(lcBase.Add(time.Minute)), "retry now keeps the first attempt at run_at")
-	b.requireNotReady(ids["a"], lcBase.Add(time.Minute), "scheduled")
+	require.Zero(t, claimable(testBase), "reset keeps the first attempt at run_at")
+	b.requireNotReady(ids["a"], testBase, "scheduled")
+	b.exec(`SELECT stepready.retry_step_now($1, $2)`, ids["a"], testBase)
+	require.Zero(t, claimable(testBase.Add(time.Minute)), "retry now keeps the first attempt at run_at")
+	b.requireNotReady(ids["a"], testBase.Add(time.Minute), "scheduled")
 	require.Equal(t, 1, claimable(runAt))
 	b.requireReady(ids["a"], runAt)
 }

@@ -10,12 +10,12 @@ import (
 )
 
 type schedBundle struct {
-	*lcBundle
+	*lifecycleBundle
 }
 
 func schedSetup(t *testing.T) *schedBundle {
 	t.Helper()
-	return &schedBundle{lcBundle: lcSetup(t)}
+	return &schedBundle{lifecycleBundle: lifecycleSetup(t)}
 }
 
 func (b *schedBundle) put(d schedules.Definition) {

@@ -17,33 +17,34 @@ import (
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
 
-// lcBase is the pinned "now" of the lifecycle tests. Every function call passes p_as_of explicitly; offsets
-// from lcBase express time, nothing sleeps.
-var lcBase = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
+// testBase is the pinned "now" of the lifecycle tests. Every function call passes p_as_of explicitly; offsets
+// from testBase express time, nothing sleeps.
+var testBase = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// lcTick is the resolution of timestamptz: the smallest step of a boundary test.
-const lcTick = time.Microsecond
+// tick is the resolution of timestamptz: the smallest step of a boundary test.
+const tick = time.Microsecond
 
 const (
-	lcWorker  = "worker-1"
-	lcLeaseMs = int64(60000)
-	lcLease   = 60 * time.Second
+	testWorker  = "worker-1"
+	testLeaseMs = int64(60000)
+	testLease   = 60 * time.Second
 )
 
-// lcBundle is the per-test state: a fresh migrated database and a context that ends with the test.
-type lcBundle struct {
+// lifecycleBundle is the fixture of the lifecycle tests (claims, attempts, outcomes, operators, events): a fresh
+// migrated database, a context that ends with the test, and helpers that read steps, tasks and events.
+type lifecycleBundle struct {
 	t   *testing.T
 	db  *pgtest.DB
 	ctx context.Context
 }
 
-func lcSetup(t *testing.T) *lcBundle {
+func lifecycleSetup(t *testing.T) *lifecycleBundle {
 	t.Helper()
-	return &lcBundle{t: t, db: pgtest.New(t), ctx: t.Context()}
+	return &lifecycleBundle{t: t, db: pgtest.New(t), ctx: t.Context()}
 }
 
-// lcStep is the part of a steps row the tests look at.
-type lcStep struct {
+// lifecycleStep is the part of a steps row the tests look at.
+type lifecycleStep struct {
 	ID                 int64
 	TaskID             int64
 	Name               string
@@ -66,19 +67,19 @@ type lcStep struct {
 	FenceToken         int
 }
 
-const lcStepColumns = `id, task_id, name, state, attempts, max_attempts, retryable, next_attempt_at,
+const lifecycleStepColumns = `id, task_id, name, state, attempts, max_attempts, retryable, next_attempt_at,
 	last_attempted_at, lease_owner, lease_expires_at, input::text AS input, output::text AS output,
 	last_error::text AS last_error, iteration, pending_parents, breaker_count, breaker_fingerprint, completed_at,
 	fence_token`
 
-type lcTask struct {
+type lifecycleTask struct {
 	ID          int64
 	Status      string
 	Paused      bool
 	CompletedAt *time.Time
 }
 
-type lcEvent struct {
+type lifecycleEvent struct {
 	ID        int64
 	StepID    *int64
 	Attempt   *int
@@ -90,8 +91,8 @@ type lcEvent struct {
 	At        time.Time
 }
 
-// lcClaimed is one row of claim_ready_steps.
-type lcClaimed struct {
+// claimedRow is one row of claim_ready_steps.
+type claimedRow struct {
 	StepID    int64
 	TaskID    int64
 	Name      string
@@ -102,21 +103,21 @@ type lcClaimed struct {
 	Queue     string
 }
 
-// lcFail is the row fail_step returns.
-type lcFail struct {
+// failResult is the row fail_step returns.
+type failResult struct {
 	State         *string
 	NextAttemptAt *time.Time
 	Reason        *string
 }
 
-func (b *lcBundle) exec(sql string, args ...any) {
+func (b *lifecycleBundle) exec(sql string, args ...any) {
 	b.t.Helper()
 	_, err := b.db.Pool.Exec(b.ctx, sql, args...)
 	require.NoError(b.t, err, sql)
 }
 
 // task creates a task with stepready.create_task and returns its id and its step ids by name.
-func (b *lcBundle) task(definition string) (int64, map[string]int64) {
+func (b *lifecycleBundle) task(definition string) (int64, map[string]int64) {
 	b.t.Helper()
 	var id int64
 	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.create_task($1::jsonb)`, definition).Scan(&id),
@@ -126,7 +127,7 @@ func (b *lcBundle) task(definition string) (int64, map[string]int64) {
 
 // oneStep creates a task named "t" with one step named "s" whose definition gets the extra JSON fields given
 // (without braces, e.g. `"retry": {"max_attempts": 1}`), and returns the task and step ids.
-func (b *lcBundle) oneStep(extra string) (int64, int64) {
+func (b *lifecycleBundle) oneStep(extra string) (int64, int64) {
 	b.t.Helper()
 	if extra != "" {
 		extra = ", " + extra
@@ -135,7 +136,7 @@ func (b *lcBundle) oneStep(extra string) (int64, int64) {
 	return taskID, ids["s"]
 }
 
-func (b *lcBundle) stepIDs(taskID int64) map[string]int64 {
+func (b *lifecycleBundle) stepIDs(taskID int64) map[string]int64 {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx, `SELECT name, id FROM stepready.steps WHERE task_id = $1`, taskID)
 	require.NoError(b.t, err)
@@ -147,37 +148,37 @@ func (b *lcBundle) stepIDs(taskID int64) map[string]int64 {
 	return ids
 }
 
-func (b *lcBundle) step(id int64) lcStep {
+func (b *lifecycleBundle) step(id int64) lifecycleStep {
 	b.t.Helper()
-	rows, err := b.db.Pool.Query(b.ctx, `SELECT `+lcStepColumns+` FROM stepready.steps WHERE id = $1`, id)
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT `+lifecycleStepColumns+` FROM stepready.steps WHERE id = $1`, id)
 	require.NoError(b.t, err)
-	s, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByName[lcStep])
+	s, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByName[lifecycleStep])
 	require.NoError(b.t, err, "step %d", id)
 	return s
 }
 
-func (b *lcBundle) taskRow(id int64) lcTask {
+func (b *lifecycleBundle) taskRow(id int64) lifecycleTask {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx,
 		`SELECT id, status, paused, completed_at FROM stepready.tasks WHERE id = $1`, id)
 	require.NoError(b.t, err)
-	tk, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByName[lcTask])
+	tk, err := pgx.CollectExactlyOneRow(rows, pgx.RowToStructByName[lifecycleTask])
 	require.NoError(b.t, err, "task %d", id)
 	return tk
 }
 
-func (b *lcBundle) requireState(stepID int64, want string) {
+func (b *lifecycleBundle) requireState(stepID int64, want string) {
 	b.t.Helper()
 	require.Equal(b.t, want, b.step(stepID).State, "state of step %d", stepID)
 }
 
-func (b *lcBundle) requireStatus(taskID int64, want string) {
+func (b *lifecycleBundle) requireStatus(taskID int64, want string) {
 	b.t.Helper()
 	require.Equal(b.t, want, b.taskRow(taskID).Status, "status of task %d", taskID)
 }
 
 // snapshot is the whole step row plus how many events it has: equal snapshots mean a call changed nothing.
-func (b *lcBundle) snapshot(stepID int64) string {
+func (b *lifecycleBundle) snapshot(stepID int64) string {
 	b.t.Helper()
 	var row string
 	var events int
@@ -189,7 +190,7 @@ func (b *lcBundle) snapshot(stepID int64) string {
 
 // taskSnapshotBeyondLeases is taskSnapshot without the lease columns of steps outside flight and their
 // updated_at: what a refused call may change when it ends its attempt's orphaned lease (sql/046_leases.sql).
-func (b *lcBundle) taskSnapshotBeyondLeases(taskID int64) string {
+func (b *lifecycleBundle) taskSnapshotBeyondLeases(taskID int64) string {
 	b.t.Helper()
 	var s string
 	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `
@@ -203,7 +204,7 @@ func (b *lcBundle) taskSnapshotBeyondLeases(taskID int64) string {
 }
 
 // taskSnapshot is every step row of a task, its task row and its event count.
-func (b *lcBundle) taskSnapshot(taskID int64) string {
+func (b *lifecycleBundle) taskSnapshot(taskID int64) string {
 	b.t.Helper()
 	var s string
 	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `
@@ -214,37 +215,37 @@ func (b *lcBundle) taskSnapshot(taskID int64) string {
 	return s
 }
 
-func (b *lcBundle) collectEvents(sql string, arg int64) []lcEvent {
+func (b *lifecycleBundle) collectEvents(sql string, arg int64) []lifecycleEvent {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.ctx, `SELECT id, step_id, attempt, iteration, event, from_state, to_state,
 		details, at FROM stepready.step_events WHERE `+sql+` ORDER BY id`, arg)
 	require.NoError(b.t, err)
-	evs, err := pgx.CollectRows(rows, pgx.RowToStructByName[lcEvent])
+	evs, err := pgx.CollectRows(rows, pgx.RowToStructByName[lifecycleEvent])
 	require.NoError(b.t, err)
 	return evs
 }
 
 // events returns the events of a step, oldest first.
-func (b *lcBundle) events(stepID int64) []lcEvent {
+func (b *lifecycleBundle) events(stepID int64) []lifecycleEvent {
 	b.t.Helper()
 	return b.collectEvents(`step_id = $1`, stepID)
 }
 
 // taskEvents returns the task-level events of a task (step_id NULL), oldest first.
-func (b *lcBundle) taskEvents(taskID int64) []lcEvent {
+func (b *lifecycleBundle) taskEvents(taskID int64) []lifecycleEvent {
 	b.t.Helper()
 	return b.collectEvents(`task_id = $1 AND step_id IS NULL`, taskID)
 }
 
 // lastEvents returns the names of the last n events of a step.
-func (b *lcBundle) lastEvents(stepID int64, n int) []lcEvent {
+func (b *lifecycleBundle) lastEvents(stepID int64, n int) []lifecycleEvent {
 	b.t.Helper()
 	evs := b.events(stepID)
 	require.GreaterOrEqual(b.t, len(evs), n, "step %d has %d events", stepID, len(evs))
 	return evs[len(evs)-n:]
 }
 
-func lcEventNames(evs []lcEvent) []string {
+func eventNames(evs []lifecycleEvent) []string {
 	names := make([]string, len(evs))
 	for i, e := range evs {
 		names[i] = e.Event
@@ -253,7 +254,7 @@ func lcEventNames(evs []lcEvent) []string {
 }
 
 // readiness returns step_readiness(ready, blocked_reason) of one step at asOf.
-func (b *lcBundle) readiness(stepID int64, asOf time.Time) (bool, *string) {
+func (b *lifecycleBundle) readiness(stepID int64, asOf time.Time) (bool, *string) {
 	b.t.Helper()
 	var ready bool
 	var reason *string
@@ -264,46 +265,46 @@ func (b *lcBundle) readiness(stepID int64, asOf time.Time) (bool, *string) {
 	return ready, reason
 }
 
-func (b *lcBundle) requireReady(stepID int64, asOf time.Time) {
+func (b *lifecycleBundle) requireReady(stepID int64, asOf time.Time) {
 	b.t.Helper()
 	ready, reason := b.readiness(stepID, asOf)
-	require.True(b.t, ready, "step %d should be ready at %s, blocked: %v", stepID, asOf, lcDeref(reason))
+	require.True(b.t, ready, "step %d should be ready at %s, blocked: %v", stepID, asOf, deref(reason))
 }
 
-func (b *lcBundle) requireNotReady(stepID int64, asOf time.Time, wantReason string) {
+func (b *lifecycleBundle) requireNotReady(stepID int64, asOf time.Time, wantReason string) {
 	b.t.Helper()
 	ready, reason := b.readiness(stepID, asOf)
 	require.False(b.t, ready, "step %d should not be ready at %s", stepID, asOf)
-	require.Equal(b.t, wantReason, lcDeref(reason), "blocked_reason of step %d at %s", stepID, asOf)
+	require.Equal(b.t, wantReason, deref(reason), "blocked_reason of step %d at %s", stepID, asOf)
 }
 
 // claimAs calls claim_ready_steps and returns its rows.
-func (b *lcBundle) claimAs(q interface {
+func (b *lifecycleBundle) claimAs(q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
-}, limit int, worker string, leaseMs int64, asOf time.Time) ([]lcClaimed, error) {
+}, limit int, worker string, leaseMs int64, asOf time.Time) ([]claimedRow, error) {
 	rows, err := q.Query(b.ctx,
 		`SELECT step_id, task_id, name, handler, input::text AS input, attempts, timeout_ms, queue
 		   FROM stepready.claim_ready_steps($1, $2, $3, $4)`, limit, worker, leaseMs, asOf)
 	if err != nil {
 		return nil, err
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByName[lcClaimed])
+	return pgx.CollectRows(rows, pgx.RowToStructByName[claimedRow])
 }
 
-func (b *lcBundle) claim(limit int, asOf time.Time) []lcClaimed {
+func (b *lifecycleBundle) claim(limit int, asOf time.Time) []claimedRow {
 	b.t.Helper()
-	got, err := b.claimAs(b.db.Pool, limit, lcWorker, lcLeaseMs, asOf)
+	got, err := b.claimAs(b.db.Pool, limit, testWorker, testLeaseMs, asOf)
 	require.NoError(b.t, err)
 	return got
 }
 
 // claimIDs claims every ready step at asOf and returns the claimed ids in claim order.
-func (b *lcBundle) claimIDs(asOf time.Time) []int64 {
+func (b *lifecycleBundle) claimIDs(asOf time.Time) []int64 {
 	b.t.Helper()
-	return lcClaimedIDs(b.claim(1000, asOf))
+	return claimedIDs(b.claim(1000, asOf))
 }
 
-func lcClaimedIDs(rows []lcClaimed) []int64 {
+func claimedIDs(rows []claimedRow) []int64 {
 	ids := make([]int64, len(rows))
 	for i, r := range rows {
 		ids[i] = r.StepID
@@ -311,25 +312,25 @@ func lcClaimedIDs(rows []lcClaimed) []int64 {
 	return ids
 }
 
-func (b *lcBundle) start(stepID int64, asOf time.Time) *int {
+func (b *lifecycleBundle) start(stepID int64, asOf time.Time) *int {
 	b.t.Helper()
 	var attempt *int
 	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.start_step($1, $2, $3, $4)`,
-		stepID, lcWorker, lcLeaseMs, asOf).Scan(&attempt))
+		stepID, testWorker, testLeaseMs, asOf).Scan(&attempt))
 	return attempt
 }
 
 // enqueue moves one ready step to enqueued the way a claim does, without claiming the other ready steps of the
 // database: it checks step_readiness first, so a fixture can never enqueue a step that is not ready.
-func (b *lcBundle) enqueue(stepID int64, asOf time.Time) {
+func (b *lifecycleBundle) enqueue(stepID int64, asOf time.Time) {
 	b.t.Helper()
 	b.requireReady(stepID, asOf)
 	b.exec(`UPDATE stepready.steps SET state = 'enqueued', lease_owner = $2, lease_expires_at = $3 WHERE id = $1`,
-		stepID, lcWorker, asOf.Add(lcLease))
+		stepID, testWorker, asOf.Add(testLease))
 }
 
 // run enqueues a ready step and starts its next attempt at asOf; it returns the attempt number.
-func (b *lcBundle) run(stepID int64, asOf time.Time) int {
+func (b *lifecycleBundle) run(stepID int64, asOf time.Time) int {
 	b.t.Helper()
 	b.enqueue(stepID, asOf)
 	attempt := b.start(stepID, asOf)
@@ -337,7 +338,7 @@ func (b *lcBundle) run(stepID int64, asOf time.Time) int {
 	return *attempt
 }
 
-func (b *lcBundle) complete(stepID int64, attempt int, output string, asOf time.Time) bool {
+func (b *lifecycleBundle) complete(stepID int64, attempt int, output string, asOf time.Time) bool {
 	b.t.Helper()
 	var ok bool
 	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.complete_step($1, $2, $3::jsonb, $4)`,
@@ -346,21 +347,21 @@ func (b *lcBundle) complete(stepID int64, attempt int, output string, asOf time.
 }
 
 // runToComplete runs one attempt of a ready step and completes it.
-func (b *lcBundle) runToComplete(stepID int64, output string, asOf time.Time) {
+func (b *lifecycleBundle) runToComplete(stepID int64, output string, asOf time.Time) {
 	b.t.Helper()
 	attempt := b.run(stepID, asOf)
 	require.True(b.t, b.complete(stepID, attempt, output, asOf))
 }
 
-func (b *lcBundle) failErr(stepID int64, attempt int, errJSON string, asOf time.Time, sample float64) (lcFail, error) {
-	var r lcFail
+func (b *lifecycleBundle) failErr(stepID int64, attempt int, errJSON string, asOf time.Time, sample float64) (failResult, error) {
+	var r failResult
 	err := b.db.Pool.QueryRow(b.ctx, `SELECT state, next_attempt_at, reason
 		FROM stepready.fail_step($1, $2, $3::jsonb, $4, $5)`, stepID, attempt, errJSON, asOf, sample).
 		Scan(&r.State, &r.NextAttemptAt, &r.Reason)
 	return r, err
 }
 
-func (b *lcBundle) fail(stepID int64, attempt int, errJSON string, asOf time.Time, sample float64) lcFail {
+func (b *lifecycleBundle) fail(stepID int64, attempt int, errJSON string, asOf time.Time, sample float64) failResult {
 	b.t.Helper()
 	r, err := b.failErr(stepID, attempt, errJSON, asOf, sample)
 	require.NoError(b.t, err)
@@ -369,24 +370,24 @@ func (b *lcBundle) fail(stepID int64, attempt int, errJSON string, asOf time.Tim
 
 // retryOnce runs one attempt at asOf, fails it with errJSON, requires a scheduled retry and returns when the
 // step is due again.
-func (b *lcBundle) retryOnce(stepID int64, errJSON string, asOf time.Time) time.Time {
+func (b *lifecycleBundle) retryOnce(stepID int64, errJSON string, asOf time.Time) time.Time {
 	b.t.Helper()
 	attempt := b.run(stepID, asOf)
 	r := b.fail(stepID, attempt, errJSON, asOf, 0)
-	require.Equal(b.t, "waiting_for_retry", lcDeref(r.State), "failure %s of attempt %d, reason %s", errJSON,
-		attempt, lcDeref(r.Reason))
+	require.Equal(b.t, "waiting_for_retry", deref(r.State), "failure %s of attempt %d, reason %s", errJSON,
+		attempt, deref(r.Reason))
 	require.NotNil(b.t, r.NextAttemptAt)
 	return *r.NextAttemptAt
 }
 
-func (b *lcBundle) boolCall(sql string, args ...any) bool {
+func (b *lifecycleBundle) boolCall(sql string, args ...any) bool {
 	b.t.Helper()
 	var ok bool
 	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, sql, args...).Scan(&ok), sql)
 	return ok
 }
 
-func (b *lcBundle) intCall(sql string, args ...any) int {
+func (b *lifecycleBundle) intCall(sql string, args ...any) int {
 	b.t.Helper()
 	var n int
 	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, sql, args...).Scan(&n), sql)
@@ -394,7 +395,7 @@ func (b *lcBundle) intCall(sql string, args ...any) int {
 }
 
 // callErr runs a statement and returns its error (for the calls that must fail).
-func (b *lcBundle) callErr(sql string, args ...any) error {
+func (b *lifecycleBundle) callErr(sql string, args ...any) error {
 	rows, err := b.db.Pool.Query(b.ctx, sql, args...)
 	if err != nil {
 		return err
@@ -403,9 +404,9 @@ func (b *lcBundle) callErr(sql string, args ...any) error {
 	return rows.Err()
 }
 
-// lcRequireSQLState requires err to be a PostgreSQL error with the given SQLSTATE whose message contains every
+// requireSQLState requires err to be a PostgreSQL error with the given SQLSTATE whose message contains every
 // one of contains.
-func lcRequireSQLState(t testing.TB, err error, code string, contains ...string) {
+func requireSQLState(t testing.TB, err error, code string, contains ...string) {
 	t.Helper()
 	require.Error(t, err, "want SQLSTATE %s", code)
 	var pgErr *pgconn.PgError
@@ -416,14 +417,14 @@ func lcRequireSQLState(t testing.TB, err error, code string, contains ...string)
 	}
 }
 
-// lcRequireTime requires got to be non-NULL and the same instant as want.
-func lcRequireTime(t testing.TB, want time.Time, got *time.Time, what string) {
+// requireTime requires got to be non-NULL and the same instant as want.
+func requireTime(t testing.TB, want time.Time, got *time.Time, what string) {
 	t.Helper()
 	require.NotNil(t, got, "%s is NULL, want %s", what, want)
 	require.True(t, want.Equal(*got), "%s: want %s, got %s", what, want.UTC(), got.UTC())
 }
 
-func lcDeref[T any](p *T) T {
+func deref[T any](p *T) T {
 	var zero T
 	if p == nil {
 		return zero
@@ -431,11 +432,11 @@ func lcDeref[T any](p *T) T {
 	return *p
 }
 
-func lcPtr[T any](v T) *T { return &v }
+func ptr[T any](v T) *T { return &v }
 
-// lcWaitBlocked waits until the backend pid waits on a lock (a heavyweight lock: a row or a transaction id),
+// waitBlocked waits until the backend pid waits on a lock (a heavyweight lock: a row or a transaction id),
 // polling with a deadline.
-func (b *lcBundle) lcWaitBlocked(pid uint32) {
+func (b *lifecycleBundle) waitBlocked(pid uint32) {
 	b.t.Helper()
 	deadline := time.Now().Add(20 * time.Second)
 	for {
@@ -454,12 +455,12 @@ func (b *lcBundle) lcWaitBlocked(pid uint32) {
 	}
 }
 
-// lcRequireSameTime requires two nullable timestamps to be both NULL or the same instant.
-func lcRequireSameTime(t testing.TB, want, got *time.Time, what string) {
+// requireSameTime requires two nullable timestamps to be both NULL or the same instant.
+func requireSameTime(t testing.TB, want, got *time.Time, what string) {
 	t.Helper()
 	if want == nil {
 		require.Nil(t, got, what)
 		return
 	}
-	lcRequireTime(t, *want, got, what)
+	requireTime(t, *want, got, what)
 }

@@ -16,46 +16,42 @@ import (
 	"github.com/stepready/stepready/tests/integration/pgtest"
 )
 
-// p1Base is the pinned "now" of every test: time is passed as p_as_of, never read from a clock or slept.
-var p1Base = time.Date(2030, 1, 1, 0, 0, 0, 0, time.UTC)
-
-// p1Resolution is the resolution of timestamptz, the width of every time boundary tested here.
-const p1Resolution = time.Microsecond
-
-// p1Bundle is what a test works with: its own database.
-type p1Bundle struct {
+// schemaBundle is the fixture of the schema-level tests (definitions, policy resolution, plain-SQL rows,
+// readiness, execution context): a database of the test's own, with helpers to write rows and read readiness.
+// The lifecycle tests (claims, attempts, failures, events) use lifecycleBundle (fixtures_lifecycle_test.go).
+type schemaBundle struct {
 	t  *testing.T
 	db *pgtest.DB
 }
 
-// p1Setup gives t a fresh migrated database.
-func p1Setup(t *testing.T) *p1Bundle {
+// schemaSetup gives t a fresh migrated database.
+func schemaSetup(t *testing.T) *schemaBundle {
 	t.Helper()
-	return &p1Bundle{t: t, db: pgtest.New(t)}
+	return &schemaBundle{t: t, db: pgtest.New(t)}
 }
 
 // on returns a bundle for subtest t that shares b's database (the parent's cleanup drops it after every
 // parallel subtest has finished).
-func (b *p1Bundle) on(t *testing.T) *p1Bundle {
-	return &p1Bundle{t: t, db: b.db}
+func (b *schemaBundle) on(t *testing.T) *schemaBundle {
+	return &schemaBundle{t: t, db: b.db}
 }
 
 // exec runs one statement and fails the test on error.
-func (b *p1Bundle) exec(sql string, args ...any) {
+func (b *schemaBundle) exec(sql string, args ...any) {
 	b.t.Helper()
 	_, err := b.db.Pool.Exec(b.t.Context(), sql, args...)
 	require.NoError(b.t, err, sql)
 }
 
 // execErr runs one statement and returns its error.
-func (b *p1Bundle) execErr(sql string, args ...any) error {
+func (b *schemaBundle) execErr(sql string, args ...any) error {
 	b.t.Helper()
 	_, err := b.db.Pool.Exec(b.t.Context(), sql, args...)
 	return err
 }
 
 // int64 runs a query returning one bigint-compatible value.
-func (b *p1Bundle) int64(sql string, args ...any) int64 {
+func (b *schemaBundle) int64(sql string, args ...any) int64 {
 	b.t.Helper()
 	var v int64
 	require.NoError(b.t, b.db.Pool.QueryRow(b.t.Context(), sql, args...).Scan(&v), sql)
@@ -63,19 +59,19 @@ func (b *p1Bundle) int64(sql string, args ...any) int64 {
 }
 
 // createTask calls stepready.create_task and returns the task id.
-func (b *p1Bundle) createTask(definition string) int64 {
+func (b *schemaBundle) createTask(definition string) int64 {
 	b.t.Helper()
 	return b.int64(`SELECT stepready.create_task($1::jsonb)`, definition)
 }
 
 // createTaskErr calls stepready.create_task and returns its error.
-func (b *p1Bundle) createTaskErr(definition string) error {
+func (b *schemaBundle) createTaskErr(definition string) error {
 	b.t.Helper()
 	return b.execErr(`SELECT stepready.create_task($1::jsonb)`, definition)
 }
 
 // stepIDs maps step name to id for one task.
-func (b *p1Bundle) stepIDs(taskID int64) map[string]int64 {
+func (b *schemaBundle) stepIDs(taskID int64) map[string]int64 {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.t.Context(), `SELECT name, id FROM stepready.steps WHERE task_id = $1`, taskID)
 	require.NoError(b.t, err)
@@ -93,49 +89,49 @@ func (b *p1Bundle) stepIDs(taskID int64) map[string]int64 {
 }
 
 // insertTask inserts a task with plain SQL and returns its id.
-func (b *p1Bundle) insertTask(name string) int64 {
+func (b *schemaBundle) insertTask(name string) int64 {
 	b.t.Helper()
 	return b.int64(`INSERT INTO stepready.tasks (name) VALUES ($1) RETURNING id`, name)
 }
 
 // insertStep inserts a pending step with plain SQL (policy from the presets) and returns its id.
-func (b *p1Bundle) insertStep(taskID int64, name string) int64 {
+func (b *schemaBundle) insertStep(taskID int64, name string) int64 {
 	b.t.Helper()
 	return b.int64(`INSERT INTO stepready.steps (task_id, name, handler) VALUES ($1, $2, 'noop') RETURNING id`,
 		taskID, name)
 }
 
 // insertEdge makes child depend on parent.
-func (b *p1Bundle) insertEdge(parent, child int64) {
+func (b *schemaBundle) insertEdge(parent, child int64) {
 	b.t.Helper()
 	b.exec(`INSERT INTO stepready.step_edges (parent_step_id, child_step_id) VALUES ($1, $2)`, parent, child)
 }
 
 // setStep updates one step: set is a SET list whose parameters start at $2 ($1 is the step id). Triggers keep
 // the counters right, so this puts a step in any state.
-func (b *p1Bundle) setStep(stepID int64, set string, args ...any) {
+func (b *schemaBundle) setStep(stepID int64, set string, args ...any) {
 	b.t.Helper()
 	b.exec(`UPDATE stepready.steps SET `+set+` WHERE id = $1`, append([]any{stepID}, args...)...)
 }
 
 // setTask updates one task like setStep.
-func (b *p1Bundle) setTask(taskID int64, set string, args ...any) {
+func (b *schemaBundle) setTask(taskID int64, set string, args ...any) {
 	b.t.Helper()
 	b.exec(`UPDATE stepready.tasks SET `+set+` WHERE id = $1`, append([]any{taskID}, args...)...)
 }
 
 // count returns the number of rows of a stepready table.
-func (b *p1Bundle) count(table string) int64 {
+func (b *schemaBundle) count(table string) int64 {
 	b.t.Helper()
 	return b.int64(`SELECT count(*) FROM stepready.` + table)
 }
 
-// p1Counts is the number of rows of the tables a task definition writes.
-type p1Counts struct{ Tasks, Steps, Edges, Events int64 }
+// rowCounts is the number of rows of the tables a task definition writes.
+type rowCounts struct{ Tasks, Steps, Edges, Events int64 }
 
-func (b *p1Bundle) counts() p1Counts {
+func (b *schemaBundle) counts() rowCounts {
 	b.t.Helper()
-	return p1Counts{
+	return rowCounts{
 		Tasks:  b.count("tasks"),
 		Steps:  b.count("steps"),
 		Edges:  b.count("step_edges"),
@@ -143,9 +139,9 @@ func (b *p1Bundle) counts() p1Counts {
 	}
 }
 
-// p1Readiness is one row of stepready.step_readiness; the db tags are the documented column names, and
+// readinessRow is one row of stepready.step_readiness; the db tags are the documented column names, and
 // pgx.RowToStructByName fails when the function returns any other set of columns.
-type p1Readiness struct {
+type readinessRow struct {
 	TaskID                int64      `db:"task_id"`
 	StepID                int64      `db:"step_id"`
 	Name                  string     `db:"name"`
@@ -162,26 +158,26 @@ type p1Readiness struct {
 	BlockedReason         *string    `db:"blocked_reason"`
 }
 
-// p1ReadinessColumns is the result of step_readiness as SPEC §5 lists it, in order.
-var p1ReadinessColumns = []string{"task_id", "step_id", "name", "state", "attempts", "max_attempts", "retryable",
+// readinessColumns is the result of step_readiness as SPEC §5 lists it, in order.
+var readinessColumns = []string{"task_id", "step_id", "name", "state", "attempts", "max_attempts", "retryable",
 	"total_parents", "completed_parents", "dependencies_satisfied", "retry_eligible", "next_attempt_at", "ready",
 	"blocked_reason"}
 
 // readiness calls step_readiness; stepIDs nil means no filter.
-func (b *p1Bundle) readiness(taskIDs, stepIDs []int64, asOf time.Time) []p1Readiness {
+func (b *schemaBundle) readiness(taskIDs, stepIDs []int64, asOf time.Time) []readinessRow {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.t.Context(),
 		`SELECT * FROM stepready.step_readiness($1::bigint[], $2::bigint[], $3)`, taskIDs, stepIDs, asOf)
 	require.NoError(b.t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[p1Readiness])
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[readinessRow])
 	require.NoError(b.t, err)
 	return out
 }
 
 // readinessByName calls step_readiness for one task and indexes the rows by step name.
-func (b *p1Bundle) readinessByName(taskID int64, asOf time.Time) map[string]p1Readiness {
+func (b *schemaBundle) readinessByName(taskID int64, asOf time.Time) map[string]readinessRow {
 	b.t.Helper()
-	byName := map[string]p1Readiness{}
+	byName := map[string]readinessRow{}
 	for _, r := range b.readiness([]int64{taskID}, nil, asOf) {
 		byName[r.Name] = r
 	}
@@ -189,7 +185,7 @@ func (b *p1Bundle) readinessByName(taskID int64, asOf time.Time) map[string]p1Re
 }
 
 // stepReadiness returns the readiness row of one step.
-func (b *p1Bundle) stepReadiness(taskID, stepID int64, asOf time.Time) p1Readiness {
+func (b *schemaBundle) stepReadiness(taskID, stepID int64, asOf time.Time) readinessRow {
 	b.t.Helper()
 	rows := b.readiness([]int64{taskID}, []int64{stepID}, asOf)
 	require.Len(b.t, rows, 1)
@@ -199,7 +195,7 @@ func (b *p1Bundle) stepReadiness(taskID, stepID int64, asOf time.Time) p1Readine
 // requirePendingParentsInvariant checks the invariant the claim index relies on: for every step of the tasks,
 // the trigger-maintained steps.pending_parents equals total_parents - completed_parents as step_readiness
 // computes it from the tables.
-func (b *p1Bundle) requirePendingParentsInvariant(taskIDs []int64, asOf time.Time) {
+func (b *schemaBundle) requirePendingParentsInvariant(taskIDs []int64, asOf time.Time) {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.t.Context(), `
 		SELECT r.name, s.pending_parents, r.total_parents - r.completed_parents
@@ -222,8 +218,8 @@ func (b *p1Bundle) requirePendingParentsInvariant(taskIDs []int64, asOf time.Tim
 	require.Positive(b.t, n, "the invariant was checked on no step")
 }
 
-// p1ExecContext is the row of stepready.task_execution_context.
-type p1ExecContext struct {
+// execContextRow is the row of stepready.task_execution_context.
+type execContextRow struct {
 	TaskID               int64      `db:"task_id"`
 	Status               string     `db:"status"`
 	TotalSteps           int32      `db:"total_steps"`
@@ -239,24 +235,24 @@ type p1ExecContext struct {
 	ExecutionStatus      string     `db:"execution_status"`
 }
 
-// p1ExecContextColumns is the result of task_execution_context as SPEC §5 lists it, in order.
-var p1ExecContextColumns = []string{"task_id", "status", "total_steps", "pending_steps", "in_flight_steps",
+// execContextColumns is the result of task_execution_context as SPEC §5 lists it, in order.
+var execContextColumns = []string{"task_id", "status", "total_steps", "pending_steps", "in_flight_steps",
 	"waiting_for_retry_steps", "completed_steps", "error_steps", "skipped_steps", "cancelled_steps", "ready_steps",
 	"next_attempt_at", "execution_status"}
 
 // execContexts calls task_execution_context and returns every row (one, or none for an unknown task).
-func (b *p1Bundle) execContexts(taskID int64, asOf time.Time) []p1ExecContext {
+func (b *schemaBundle) execContexts(taskID int64, asOf time.Time) []execContextRow {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.t.Context(), `SELECT * FROM stepready.task_execution_context($1, $2)`,
 		taskID, asOf)
 	require.NoError(b.t, err)
-	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[p1ExecContext])
+	out, err := pgx.CollectRows(rows, pgx.RowToStructByName[execContextRow])
 	require.NoError(b.t, err)
 	return out
 }
 
 // execContext returns the one row of task_execution_context.
-func (b *p1Bundle) execContext(taskID int64, asOf time.Time) p1ExecContext {
+func (b *schemaBundle) execContext(taskID int64, asOf time.Time) execContextRow {
 	b.t.Helper()
 	rows := b.execContexts(taskID, asOf)
 	require.Len(b.t, rows, 1)
@@ -264,7 +260,7 @@ func (b *p1Bundle) execContext(taskID int64, asOf time.Time) p1ExecContext {
 }
 
 // columnNames returns the names of the result columns of a query, in order.
-func (b *p1Bundle) columnNames(sql string, args ...any) []string {
+func (b *schemaBundle) columnNames(sql string, args ...any) []string {
 	b.t.Helper()
 	rows, err := b.db.Pool.Query(b.t.Context(), sql, args...)
 	require.NoError(b.t, err)
@@ -278,9 +274,9 @@ func (b *p1Bundle) columnNames(sql string, args ...any) []string {
 	return names
 }
 
-// p1RequirePgError requires err to be a PostgreSQL error with SQLSTATE code whose message contains every
+// requirePgError requires err to be a PostgreSQL error with SQLSTATE code whose message contains every
 // fragment, and returns it.
-func p1RequirePgError(t testing.TB, err error, code string, fragments ...string) *pgconn.PgError {
+func requirePgError(t testing.TB, err error, code string, fragments ...string) *pgconn.PgError {
 	t.Helper()
 	require.Error(t, err)
 	var pgErr *pgconn.PgError
@@ -292,8 +288,8 @@ func p1RequirePgError(t testing.TB, err error, code string, fragments ...string)
 	return pgErr
 }
 
-// p1RequireOneOfCodes is p1RequirePgError for a contract that allows several SQLSTATEs.
-func p1RequireOneOfCodes(t testing.TB, err error, codes []string, fragments ...string) *pgconn.PgError {
+// requireOneOfCodes is requirePgError for a contract that allows several SQLSTATEs.
+func requireOneOfCodes(t testing.TB, err error, codes []string, fragments ...string) *pgconn.PgError {
 	t.Helper()
 	require.Error(t, err)
 	var pgErr *pgconn.PgError
@@ -305,19 +301,16 @@ func p1RequireOneOfCodes(t testing.TB, err error, codes []string, fragments ...s
 	return pgErr
 }
 
-// p1RequireTime requires a nullable timestamp to be set and equal to want (compared as instants).
-func p1RequireTime(t testing.TB, want time.Time, got *time.Time, msgAndArgs ...any) {
+// requireTimeIs requires a nullable timestamp to be set and equal to want (compared as instants).
+func requireTimeIs(t testing.TB, want time.Time, got *time.Time, msgAndArgs ...any) {
 	t.Helper()
 	require.NotNil(t, got, msgAndArgs...)
 	require.Truef(t, want.Equal(*got), "want %s, got %s", want.UTC().Format(time.RFC3339Nano),
 		got.UTC().Format(time.RFC3339Nano))
 }
 
-// p1Ptr returns a pointer to v, for nullable arguments and expectations.
-func p1Ptr[T any](v T) *T { return &v }
-
-// p1Str renders a nullable value for a subtest name.
-func p1Str[T any](p *T) string {
+// str renders a nullable value for a subtest name.
+func str[T any](p *T) string {
 	if p == nil {
 		return "NULL"
 	}
