@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -23,10 +24,12 @@ import (
 // format, an optional pinned time, and the translation of the database's refusals into plain errors. The
 // commands call stepready's SQL functions and print what they return; no rule is re-derived in Go.
 
-// Output formats of --output.
+// Output formats of --output. table and json are every command's; id (`task create`) prints only the ids, one
+// per line, for a script to capture.
 const (
 	outputTable = "table"
 	outputJSON  = "json"
+	outputID    = "id"
 )
 
 // dbOptions are the flags every database command has.
@@ -51,13 +54,13 @@ func addAsOfFlag(cmd *cobra.Command, o *dbOptions) {
 	setDefaultText(cmd.Flags(), "as-of", "database now")
 }
 
-// format checks --output.
-func (o *dbOptions) format() (string, error) {
-	switch o.output {
-	case outputTable, outputJSON:
+// format checks --output: table, json, or one of the extra formats the command offers.
+func (o *dbOptions) format(extra ...string) (string, error) {
+	if o.output == outputTable || o.output == outputJSON || slices.Contains(extra, o.output) {
 		return o.output, nil
 	}
-	return "", usagef("--output %q: want %s or %s", o.output, outputTable, outputJSON)
+	want := strings.Join(append([]string{outputTable}, extra...), ", ")
+	return "", usagef("--output %q: want %s or %s", o.output, want, outputJSON)
 }
 
 // connect opens one connection to the database named by --database-url (or the environment). It works through
@@ -84,7 +87,12 @@ func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
 
 // withConn validates --output, connects and runs f, closing the connection afterwards.
 func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format string) error) error {
-	format, err := o.format()
+	return o.withConnFormats(ctx, nil, f)
+}
+
+// withConnFormats is withConn for a command that offers the extra output formats besides table and json.
+func (o *dbOptions) withConnFormats(ctx context.Context, extra []string, f func(conn *pgx.Conn, format string) error) error {
+	format, err := o.format(extra...)
 	if err != nil {
 		return err
 	}

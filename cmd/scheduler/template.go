@@ -158,7 +158,7 @@ type taskCreated struct {
 	Template       *string `json:"template,omitempty"`
 	IdempotencyKey *string `json:"idempotency_key,omitempty"`
 	Steps          int32   `json:"steps"`
-	// RunAt is the task's delayed start (--run-at, --in), when one was set.
+	// RunAt is the task's delayed start (--run-at, --in, or run_at in the file), when it is still to come.
 	RunAt *time.Time `json:"run_at,omitempty"`
 }
 
@@ -276,7 +276,7 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 			default:
 				return usagef("give a TEMPLATE name or -f FILE")
 			}
-			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
+			return o.withConnFormats(cmd.Context(), []string{outputID}, func(conn *pgx.Conn, format string) error {
 				res := &taskCreated{Template: template, Created: true}
 				if key != "" {
 					res.IdempotencyKey = &key
@@ -317,21 +317,28 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if format == outputJSON {
-					return writeJSON(cmd.OutOrStdout(), res)
-				}
 				out := cmd.OutOrStdout()
-				switch {
-				case !res.Created:
-					fmt.Fprintf(out, "task %d already exists with idempotency key %q: nothing created\n", res.TaskID, key)
-				case res.RunAt != nil:
-					fmt.Fprintf(out, "task %d created (%d steps), scheduled to start at %s\n", res.TaskID, res.Steps,
-						res.RunAt.UTC().Format(time.RFC3339))
-				case template != nil:
-					fmt.Fprintf(out, "task %d created from template %s (%d steps)\n", res.TaskID, termSafe(*template), res.Steps)
-				default:
-					fmt.Fprintf(out, "task %d created from %s (%d steps)\n", res.TaskID, termSafe(file), res.Steps)
+				switch format {
+				case outputJSON:
+					return writeJSON(out, res)
+				case outputID:
+					// The id alone, created or found by its idempotency key: what a script captures.
+					fmt.Fprintln(out, res.TaskID)
+					return nil
 				}
+				if !res.Created {
+					fmt.Fprintf(out, "task %d already exists with idempotency key %q: nothing created\n", res.TaskID, key)
+					return nil
+				}
+				from := "from " + termSafe(file)
+				if template != nil {
+					from = "from template " + termSafe(*template)
+				}
+				when := ""
+				if res.RunAt != nil {
+					when = ", scheduled to start at " + res.RunAt.UTC().Format(time.RFC3339)
+				}
+				fmt.Fprintf(out, "task %d created %s (%s)%s\n", res.TaskID, from, countOf(int(res.Steps), "step"), when)
 				return nil
 			})
 		},
@@ -375,6 +382,16 @@ func createTask(ctx context.Context, tx pgx.Tx, res *taskCreated, definition, ct
 			return err
 		}
 	}
-	return tx.QueryRow(ctx, `SELECT count(*)::int FROM stepready.steps WHERE task_id = $1`, res.TaskID).
-		Scan(&res.Steps)
+	// Its steps, and its start when a run_at of the definition (or the template) holds it back.
+	return tx.QueryRow(ctx, `SELECT (SELECT count(*)::int FROM stepready.steps s WHERE s.task_id = t.id),
+			CASE WHEN t.run_at > now() THEN t.run_at END
+		  FROM stepready.tasks t WHERE t.id = $1`, res.TaskID).Scan(&res.Steps, &res.RunAt)
+}
+
+// countOf is "1 step", "2 steps".
+func countOf(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }

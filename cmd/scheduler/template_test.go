@@ -68,7 +68,7 @@ func TestTemplateApplyListAndTaskCreate(t *testing.T) {
 	task := writeFile(t, dir, "task.yaml", "name: adhoc\nidempotency_key: adhoc-1\nsteps:\n  - {name: one, handler: noop}\n")
 	stdout, stderr, err = b.run("task", "create", "-f", task)
 	require.NoError(t, err, stderr)
-	require.Equal(t, "task 2 created from "+task+" (1 steps)\n", stdout)
+	require.Equal(t, "task 2 created from "+task+" (1 step)\n", stdout)
 	stdout, _, err = b.run("task", "create", "-f", task)
 	require.NoError(t, err)
 	require.Equal(t, "task 2 already exists with idempotency key \"adhoc-1\": nothing created\n", stdout)
