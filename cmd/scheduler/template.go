@@ -27,11 +27,11 @@ func newTemplateCommand(_ *globalOptions) *cobra.Command {
 	apply := &cobra.Command{
 		Use:   "apply FILE...",
 		Short: "Store task templates from YAML files (upsert by name and version)",
-		Long: "Store task templates from YAML files: each file holds one task definition (SPEC §10) plus an optional\n" +
-			"`version` (default 1). Every file is read and checked first (malformed YAML, unknown keys with their\n" +
-			"line), then all are stored in one transaction, where the database validates each definition (names,\n" +
-			"dependencies, cycles, presets, numbers, backoff): one invalid file stores nothing. A template with the\n" +
-			"same name and version is replaced.",
+		Long: "Store task templates from YAML files: each file holds one task definition (its fields:\n" +
+			"docs/functions.md, \"Task definition JSON\") plus an optional `version` (default 1). Every file is read\n" +
+			"and checked first (malformed YAML, unknown keys with their line), then all are stored in one transaction,\n" +
+			"where the database validates each definition (names, dependencies, cycles, presets, numbers, backoff): one\n" +
+			"invalid file stores nothing. A template with the same name and version is replaced.",
 		Example: "  scheduler template apply examples/flaky.yaml\n" +
 			"  scheduler template apply templates/*.yaml --output json",
 		Args: usageArgs(cobra.MinimumNArgs(1)),
