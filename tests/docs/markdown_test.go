@@ -259,6 +259,10 @@ func checkMarks(p *page) []string {
 		if !b.shell() {
 			continue
 		}
+		if strings.Contains(b.text, "bin/scheduler") {
+			problems = append(problems, fmt.Sprintf("%s: write `scheduler …`, the installed command (README: make install), not bin/scheduler",
+				b.where()))
+		}
 		switch b.mark() {
 		case "test":
 			for _, a := range b.attrs[1:] {
