@@ -251,8 +251,9 @@ func onlyBlank(lines []string) bool {
 	return true
 }
 
-// checkMarks returns a problem for every shell block of p that is not marked as the docs test wants, and for a
-// poll block whose last command cannot be run again on its own.
+// checkMarks returns a problem for every shell block of p that is not marked as the docs test wants, that calls
+// bin/scheduler instead of the installed scheduler, or that is a poll block whose last command cannot be run
+// again on its own.
 func checkMarks(p *page) []string {
 	var problems []string
 	for _, b := range p.blocks {
