@@ -287,3 +287,26 @@ func buildScheduler(t *testing.T, root string) string {
 	require.NoError(t, buildErr)
 	return buildPath
 }
+
+// makeTarget is a target of the Makefile that `make help` lists (a line `name: … ## what it does`).
+var makeTarget = regexp.MustCompile(`(?m)^([a-zA-Z_-]+):[^\n]*## `)
+
+// TestReadmeNamesEveryMakeTarget holds the README's list of make targets to the Makefile's: every target `make
+// help` prints is named in the README, in backquotes.
+func TestReadmeNamesEveryMakeTarget(t *testing.T) {
+	t.Parallel()
+	root := repoRoot(t)
+	makefile, err := os.ReadFile(filepath.Join(root, "Makefile"))
+	require.NoError(t, err)
+	readme, err := os.ReadFile(filepath.Join(root, "README.md"))
+	require.NoError(t, err)
+	targets := makeTarget.FindAllStringSubmatch(string(makefile), -1)
+	require.NotEmpty(t, targets)
+	var missing []string
+	for _, m := range targets {
+		if m[1] != "help" && !strings.Contains(string(readme), "`"+m[1]+"`") {
+			missing = append(missing, m[1])
+		}
+	}
+	require.Empty(t, missing, "make targets the README does not name (README.md, \"On a fresh machine\")")
+}
