@@ -112,3 +112,46 @@ func TestTaskCreateStreamsLargeFiles(t *testing.T) {
 	require.Equal(t, fmt.Sprintf("1\ttask %d created\n2\ttask %d created\n3\ttask %d created\n3 of 3 tasks created\n",
 		n, n+1, n+2), stdout)
 }
+
+// TestTaskCreateManySaysTheirStart: a file of many definitions, or a template with --contexts-file, says on the
+// line of each created task whose start is still to come when it starts (its run_at in the file, or --run-at /
+// --in for every task), as the create of a single task does; JSON adds run_at. A run_at already past, or a task
+// an idempotency key found, says nothing.
+func TestTaskCreateManySaysTheirStart(t *testing.T) {
+	t.Parallel()
+	b := cliSetup(t)
+	dir := t.TempDir()
+
+	lines := writeFile(t, dir, "tasks.jsonl",
+		`{"name": "a", "run_at": "2030-01-01T03:00:00+01:00", "steps": [{"name": "s", "handler": "noop"}]}`+"\n"+
+			`{"name": "b", "steps": [{"name": "s", "handler": "noop"}], "context": {"note": "\"run_at\" in a value"}}`+"\n"+
+			`{"name": "c", "run_at": "2001-01-01T00:00:00Z", "steps": [{"name": "s", "handler": "noop"}]}`+"\n")
+	stdout, stderr, err := b.run("task", "create", "-f", lines)
+	require.NoError(t, err, stderr)
+	require.Equal(t, "1\ttask 1 created, scheduled to start at 2030-01-01T02:00:00Z\n2\ttask 2 created\n"+
+		"3\ttask 3 created\n3 of 3 tasks created\n", stdout)
+
+	stream := writeFile(t, dir, "tasks.yaml", "name: d\nrun_at: 2030-01-01T02:00:00Z\nsteps:\n  - {name: s, handler: noop}\n"+
+		"---\nname: e\nsteps:\n  - {name: s, handler: noop}\n")
+	stdout, stderr, err = b.run("task", "create", "-f", stream, "-o", "json")
+	require.NoError(t, err, stderr)
+	require.Equal(t, `{"ordinal":1,"task_id":4,"created":true,"run_at":"2030-01-01T02:00:00Z"}`+"\n"+
+		`{"ordinal":2,"task_id":5,"created":true}`+"\n", stdout)
+
+	stdout, stderr, err = b.run("task", "create", "-f", stream, "--run-at", "2031-01-01T00:00:00Z")
+	require.NoError(t, err, stderr)
+	require.Equal(t, "1\ttask 6 created, scheduled to start at 2031-01-01T00:00:00Z\n"+
+		"2\ttask 7 created, scheduled to start at 2031-01-01T00:00:00Z\n2 of 2 tasks created\n", stdout)
+
+	_, stderr, err = b.run("template", "apply", writeFile(t, dir, "etl.yaml", etlTemplate))
+	require.NoError(t, err, stderr)
+	contexts := writeFile(t, dir, "days.jsonl", "{\"day\": 1}\n{\"day\": 2}\n")
+	stdout, stderr, err = b.run("task", "create", "etl", "--contexts-file", contexts, "--run-at", "2031-01-01T00:00:00Z")
+	require.NoError(t, err, stderr)
+	require.Equal(t, "1\ttask 8 created, scheduled to start at 2031-01-01T00:00:00Z\n"+
+		"2\ttask 9 created, scheduled to start at 2031-01-01T00:00:00Z\n2 of 2 tasks created\n", stdout)
+	stdout, stderr, err = b.run("task", "create", "etl", "--contexts-file", contexts, "--in", "1h", "-o", "json")
+	require.NoError(t, err, stderr)
+	require.Regexp(t, `^\{"ordinal":1,"task_id":10,"created":true,"run_at":"20\d\d-[^"]+Z"\}`+"\n", stdout)
+	require.Equal(t, int64(2), b.int64(`SELECT count(*) FROM stepready.tasks WHERE id IN (10, 11) AND run_at > now() + interval '59 minutes'`))
+}

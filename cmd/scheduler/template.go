@@ -183,8 +183,9 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 			"definition at a time and sent in batches of 1,000, so a file of any size is created in bounded memory\n" +
 			"(a JSON array is read whole); -f - reads standard input. An invalid definition is reported with its\n" +
 			"line (FILE:LINE: definitions[i]: ...) and nothing is created. On a terminal, a progress line goes to\n" +
-			"standard error. Once committed, one line per task is printed (with --output json, one JSON object per\n" +
-			"line: ordinal, task_id, created).",
+			"standard error. Once committed, one line per task is printed, with the start of a task that starts\n" +
+			"later (with --output json, one JSON object per line: ordinal, task_id, created, and run_at for such a\n" +
+			"task).",
 		Example: "  scheduler task create etl --context '{\"day\": \"2030-01-01\"}'\n" +
 			"  scheduler task create etl --context @context.json --idempotency-key etl-2030-01-01\n" +
 			"  scheduler task create -f task.yaml\n" +
