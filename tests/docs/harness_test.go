@@ -46,9 +46,10 @@ func TestParsePage(t *testing.T) {
 		"```yaml file=etl.yaml\nname: etl\n```\n"+
 		"```sh\nunmarked\n```\n"+
 		"```sh skip\nno reason\n```\n"+
-		"  ```sh skip: indented, with a reason\n  make test\n  ```\n")
+		"  ```sh skip: indented, with a reason\n  make test\n  ```\n"+
+		"text\n```\nscheduler task list\n```\n")
 	require.NoError(t, err)
-	require.Len(t, p.blocks, 6)
+	require.Len(t, p.blocks, 7)
 	b := p.blocks[0]
 	require.Equal(t, "sh", b.lang)
 	require.True(t, b.has("poll"))
@@ -65,9 +66,10 @@ func TestParsePage(t *testing.T) {
 	require.Nil(t, p.blocks[2].output, "a yaml block after an output block is not an output")
 	require.Equal(t, "make test", p.blocks[5].text)
 	problems := checkMarks(p)
-	require.Len(t, problems, 2, "%v", problems)
+	require.Len(t, problems, 3, "%v", problems)
 	require.Contains(t, problems[0], "x.md:15: shell block not marked")
 	require.Contains(t, problems[1], "x.md:18: `skip` without a reason")
+	require.Contains(t, problems[2], "x.md:25: commands in a block without a shell language")
 
 	_, _, err = splitLast("cat > f <<'YAML'\na: 1\nYAML")
 	require.Error(t, err)

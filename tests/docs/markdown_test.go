@@ -256,8 +256,18 @@ func onlyBlank(lines []string) bool {
 // again on its own.
 func checkMarks(p *page) []string {
 	var problems []string
+	outputs := map[*block]bool{}
+	for _, b := range p.blocks {
+		if b.output != nil {
+			outputs[b.output] = true
+		}
+	}
 	for _, b := range p.blocks {
 		if !b.shell() {
+			if (b.lang == "" || b.lang == "text") && !outputs[b] && commandLine.MatchString(b.text) {
+				problems = append(problems, fmt.Sprintf("%s: commands in a block without a shell language: write ```sh test (run by the docs test) or ```sh skip: REASON",
+					b.where()))
+			}
 			continue
 		}
 		if strings.Contains(b.text, "bin/scheduler") {
@@ -292,6 +302,10 @@ func checkMarks(p *page) []string {
 	}
 	return problems
 }
+
+// commandLine matches a line that runs a command the docs test could run: `scheduler …`, `make …`, `psql …`,
+// `go …`, or a prompt `$ …`.
+var commandLine = regexp.MustCompile(`(?m)^\s*(\$ |(scheduler|make|psql|go) )`)
 
 // heredocStart matches the start of a here-document and captures its delimiter.
 var heredocStart = regexp.MustCompile(`<<-?\s*['"]?([A-Za-z_][A-Za-z0-9_]*)['"]?`)
