@@ -13,7 +13,7 @@ import (
 //   - A shell block (```sh, bash, shell, console) carries a mark after its language: `test` (run it; `test poll`:
 //     run it, then run its last command again until its output matches the output block), or `skip` followed by
 //     the reason it cannot run here. An unmarked shell block fails the test, so no new command goes untested by
-//     accident.
+//     accident; so does a block without a language that holds commands (commandLine) and is no shell block's output.
 //   - The block right after a shell block (only blank lines between), when it has no language or `text`, is its
 //     output: the lines the command prints, compared after normalising ids and times (normalise.go).
 //   - Any other block with `file=NAME` after its language (```yaml file=etl.yaml) is written to NAME in the
