@@ -857,9 +857,11 @@ CREATE OR REPLACE TRIGGER task_templates_validate
 
 -- The definition a template gives for one context: the newest version's definition, named after the template
 -- unless it names itself, with p_context merged over its context (top-level keys of p_context win; a non-object
--- p_context replaces it) and p_idempotency_key set when not NULL.
+-- p_context replaces it), p_idempotency_key set when not NULL, and p_run_at, when not NULL, as its run_at (over the
+-- template's own, if it has one: the caller's start time wins).
+DROP FUNCTION IF EXISTS stepready._template_definition(jsonb, text, jsonb, text); -- before p_run_at
 CREATE OR REPLACE FUNCTION stepready._template_definition(p_template jsonb, p_name text, p_context jsonb,
-                                                         p_idempotency_key text)
+                                                         p_idempotency_key text, p_run_at timestamptz)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE
 AS $$
@@ -871,7 +873,9 @@ AS $$
                                  THEN (p_template -> 'context') || p_context
                                  ELSE p_context END) END
            || CASE WHEN p_idempotency_key IS NULL THEN '{}'::jsonb
-                   ELSE jsonb_build_object('idempotency_key', p_idempotency_key) END;
+                   ELSE jsonb_build_object('idempotency_key', p_idempotency_key) END
+           || CASE WHEN p_run_at IS NULL THEN '{}'::jsonb
+                   ELSE jsonb_build_object('run_at', p_run_at) END;
 $$;
 
 -- The newest definition of template p_name; raises P0002 when there is none.
@@ -891,20 +895,27 @@ END;
 $$;
 
 -- Creates a task from the newest version of a template (see _template_definition for how p_context applies).
+-- p_run_at, when not NULL, is the task's run_at: no step of it starts before then (sql/120_run_at.sql).
+DROP FUNCTION IF EXISTS stepready.create_task_from_template(text, jsonb, text); -- before p_run_at
 CREATE OR REPLACE FUNCTION stepready.create_task_from_template(p_name text, p_context jsonb,
-                                                               p_idempotency_key text DEFAULT NULL)
+                                                               p_idempotency_key text DEFAULT NULL,
+                                                               p_run_at timestamptz DEFAULT NULL)
 RETURNS bigint
 LANGUAGE sql
 AS $$
     SELECT stepready.create_task(
-        stepready._template_definition(stepready._template_newest(p_name), p_name, p_context, p_idempotency_key));
+        stepready._template_definition(stepready._template_newest(p_name), p_name, p_context, p_idempotency_key,
+                                       p_run_at));
 $$;
 
 -- Creates one task per element of the JSON array p_contexts from the newest version of a template, as
 -- create_tasks does (SPEC §12): one row per context in input order, all or nothing. p_idempotency_keys, when
--- given, pairs with the contexts by position (a NULL element means no key); its length must match.
+-- given, pairs with the contexts by position (a NULL element means no key); its length must match. p_run_at, when
+-- not NULL, is the run_at of every task it creates (a task an idempotency key finds is left as it is).
+DROP FUNCTION IF EXISTS stepready.create_tasks_from_template(text, jsonb, text[]); -- before p_run_at
 CREATE OR REPLACE FUNCTION stepready.create_tasks_from_template(p_name text, p_contexts jsonb,
-                                                                p_idempotency_keys text[] DEFAULT NULL)
+                                                                p_idempotency_keys text[] DEFAULT NULL,
+                                                                p_run_at timestamptz DEFAULT NULL)
 RETURNS TABLE (ordinal int, task_id bigint, created bool)
 LANGUAGE plpgsql
 AS $$
@@ -927,7 +938,8 @@ BEGIN
     SELECT c.ordinal, c.task_id, c.created
       FROM stepready.create_tasks(
                (SELECT COALESCE(jsonb_agg(stepready._template_definition(v_template, p_name, e.ctx,
-                                                                        p_idempotency_keys[e.ord]) ORDER BY e.ord),
+                                                                        p_idempotency_keys[e.ord], p_run_at)
+                                          ORDER BY e.ord),
                                 '[]')
                   FROM jsonb_array_elements(p_contexts) WITH ORDINALITY AS e(ctx, ord))) AS c;
 END;

@@ -76,8 +76,9 @@ func createBulk(ctx context.Context, conn *pgx.Conn, template string, contexts j
 		if err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx, `SELECT ordinal, task_id, created FROM stepready.create_tasks_from_template($1, $2)`,
-			template, string(contexts))
+		rows, err := tx.Query(ctx,
+			`SELECT ordinal, task_id, created FROM stepready.create_tasks_from_template($1, $2, NULL, $3)`,
+			template, string(contexts), runAt)
 		if err != nil {
 			return err
 		}
@@ -85,23 +86,11 @@ func createBulk(ctx context.Context, conn *pgx.Conn, template string, contexts j
 		if err != nil {
 			return err
 		}
-		if runAt != nil {
-			// A template carries no start time of its own: set it on the tasks created here before they commit.
-			var ids []int64
-			for _, c := range out {
-				if c.Created {
-					ids = append(ids, c.TaskID)
-				}
-			}
-			if _, err := tx.Exec(ctx, `UPDATE stepready.tasks SET run_at = $2 WHERE id = ANY ($1)`, ids, *runAt); err != nil {
-				return err
-			}
-			if runAt.After(now) {
-				at := runAt.UTC()
-				for i := range out {
-					if out[i].Created {
-						out[i].RunAt = &at
-					}
+		if runAt != nil && runAt.After(now) {
+			at := runAt.UTC()
+			for i := range out {
+				if out[i].Created {
+					out[i].RunAt = &at
 				}
 			}
 		}

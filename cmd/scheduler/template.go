@@ -302,16 +302,8 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 						d["run_at"] = runAt.Format(time.RFC3339Nano)
 						definition, _ = json.Marshal(d)
 					}
-					if err := createTask(cmd.Context(), tx, res, definition, ctxDoc); err != nil {
+					if err := createTask(cmd.Context(), tx, res, definition, ctxDoc, runAt); err != nil {
 						return err
-					}
-					if runAt != nil && res.Created && template != nil {
-						// A template carries no start time of its own: set it before the task commits; the
-						// tasks_run_at trigger moves its steps' first attempts.
-						if _, err := tx.Exec(cmd.Context(), `UPDATE stepready.tasks SET run_at = $2 WHERE id = $1`,
-							res.TaskID, *runAt); err != nil {
-							return err
-						}
 					}
 					if runAt != nil && res.Created {
 						res.RunAt = runAt
@@ -359,8 +351,10 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 	return cmd
 }
 
-// createTask creates the task in tx and fills res.
-func createTask(ctx context.Context, tx pgx.Tx, res *taskCreated, definition, ctxDoc json.RawMessage) error {
+// createTask creates the task in tx and fills res. runAt is the start time of a task made from a template
+// (create_task_from_template's p_run_at); a definition carries its own run_at.
+func createTask(ctx context.Context, tx pgx.Tx, res *taskCreated, definition, ctxDoc json.RawMessage,
+	runAt *time.Time) error {
 	if res.IdempotencyKey != nil {
 		err := tx.QueryRow(ctx, `SELECT id FROM stepready.tasks WHERE idempotency_key = $1`, *res.IdempotencyKey).
 			Scan(&res.TaskID)
@@ -378,8 +372,8 @@ func createTask(ctx context.Context, tx pgx.Tx, res *taskCreated, definition, ct
 				s := string(ctxDoc)
 				c = &s
 			}
-			err = tx.QueryRow(ctx, `SELECT stepready.create_task_from_template($1, $2::jsonb, $3)`,
-				*res.Template, c, res.IdempotencyKey).Scan(&res.TaskID)
+			err = tx.QueryRow(ctx, `SELECT stepready.create_task_from_template($1, $2::jsonb, $3, $4)`,
+				*res.Template, c, res.IdempotencyKey, runAt).Scan(&res.TaskID)
 		} else {
 			err = tx.QueryRow(ctx, `SELECT stepready.create_task($1::jsonb)`, string(definition)).Scan(&res.TaskID)
 		}
