@@ -12,7 +12,7 @@ import (
 	"github.com/stepready/stepready/internal/store"
 )
 
-// The operator actions of SPEC §9 as library calls: the CLI (`scheduler task cancel`, …) and the web console's
+// The operator functions (docs/functions.md) as library calls: the CLI (`scheduler task cancel`, …) and the web console's
 // actions are thin faces over them. Each runs in one transaction that reads the row before and after the SQL
 // operator function, names the actor of its operator.* event (details.actor) for that transaction only, and
 // returns what changed. A refusal (an impossible transition, an unknown id) is the database's own message.
