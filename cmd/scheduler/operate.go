@@ -103,7 +103,7 @@ func printTaskChange(cmd *cobra.Command, c *stepready.TaskChange) {
 	out := cmd.OutOrStdout()
 	switch c.Action {
 	case "cancel":
-		fmt.Fprintf(out, "task %d cancelled: %d step(s) cancelled\n", c.TaskID, *c.StepsAffected)
+		fmt.Fprintf(out, "task %d cancelled: %s cancelled\n", c.TaskID, countOf(int(*c.StepsAffected), "step"))
 	case "pause":
 		if !c.Changed {
 			fmt.Fprintf(out, "task %d was already paused: nothing changed\n", c.TaskID)
@@ -117,7 +117,7 @@ func printTaskChange(cmd *cobra.Command, c *stepready.TaskChange) {
 		}
 		fmt.Fprintf(out, "task %d resumed\n", c.TaskID)
 	case "reset":
-		fmt.Fprintf(out, "task %d reset: %d step(s) back to pending\n", c.TaskID, *c.StepsAffected)
+		fmt.Fprintf(out, "task %d reset: %s back to pending\n", c.TaskID, countOf(int(*c.StepsAffected), "step"))
 	}
 	if c.PreviousStatus != c.Status {
 		fmt.Fprintf(out, "status: %s → %s\n", c.PreviousStatus, c.Status)
