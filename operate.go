@@ -24,8 +24,9 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// ErrNotFound is what errors.Is finds in the error of an operator action whose task or step does not exist (the
-// error's message says which: "task 12 does not exist").
+// ErrNotFound is what errors.Is finds in the error of an operator action whose task or step does not exist, or of
+// a creation from a template that does not exist (the error's message says which: "task 12 does not exist",
+// `template "nightly" does not exist`).
 var ErrNotFound = errors.New("stepready: not found")
 
 // notFoundError keeps the store's message ("task 12 does not exist") and is ErrNotFound.

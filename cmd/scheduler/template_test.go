@@ -144,6 +144,8 @@ func TestTemplateValidationErrors(t *testing.T) {
 			_, _, err = b.run("task", "create", "-f", bad)
 			require.Error(t, err)
 			require.Contains(t, err.Error(), tt.want)
+			require.NotContains(t, err.Error(), "definitions[0]", "one task's errors name no index")
+			require.NotContains(t, err.Error(), "stepready:", "the database's words, not the library's wrapping")
 		})
 	}
 	// Nothing was stored: the good file shared a transaction with every bad one.

@@ -161,6 +161,15 @@ SELECT x.step_id, x.reason, x.message, x.parent_step_id, x.parent_name, x.parent
   FROM stepready.explain_step($1, $2) x
  ORDER BY x.rank;
 
+-- name: template_exists
+-- TemplateExists: whether any version of template $1 is stored.
+SELECT EXISTS (SELECT 1 FROM stepready.task_templates WHERE name = $1);
+
+-- name: created_task
+-- CreatedTask: the number of steps of task $1 and its run_at when it is still to come.
+SELECT (SELECT count(*)::int FROM stepready.steps s WHERE s.task_id = t.id), CASE WHEN t.run_at > now() THEN t.run_at END
+  FROM stepready.tasks t WHERE t.id = $1;
+
 -- name: templates
 -- Templates: every version of every template, by name and version; whether it is the newest, its step count.
 SELECT t.name, t.version, t.version = max(t.version) OVER (PARTITION BY t.name),

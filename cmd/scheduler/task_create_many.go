@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // bulkCreated is one line of `task create TEMPLATE --contexts-file`: one per context, in input order (-f prints
@@ -36,13 +37,13 @@ type bulkCreated struct {
 
 // readContextsFile reads JSON lines: one context (a JSON value, normally an object) per non-blank line. The
 // error names the line.
-func readContextsFile(file string) (json.RawMessage, error) {
+func readContextsFile(file string) ([]stepready.FromTemplate, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, usageError{err}
 	}
 	defer f.Close()
-	var contexts []json.RawMessage
+	var contexts []stepready.FromTemplate
 	r := bufio.NewReader(f)
 	for line := 1; ; line++ {
 		text, err := r.ReadBytes('\n')
@@ -51,7 +52,7 @@ func readContextsFile(file string) (json.RawMessage, error) {
 				return nil, usagef("%s:%d: not a JSON value (--contexts-file takes JSON lines: one context per line)",
 					file, line)
 			}
-			contexts = append(contexts, json.RawMessage(bytes.TrimSpace(text)))
+			contexts = append(contexts, stepready.FromTemplate{Context: json.RawMessage(bytes.TrimSpace(text))})
 		}
 		if err == io.EOF {
 			break
@@ -63,35 +64,33 @@ func readContextsFile(file string) (json.RawMessage, error) {
 	if len(contexts) == 0 {
 		return nil, usagef("%s: no contexts (one JSON context per line)", file)
 	}
-	return json.Marshal(contexts)
+	return contexts, nil
 }
 
 // createBulk creates one task per context of a template in one transaction, through
-// stepready.create_tasks_from_template. runAt (or in, from the database's now), when set, delays every created task.
-func createBulk(ctx context.Context, conn *pgx.Conn, template string, contexts json.RawMessage, runAt *time.Time,
-	in time.Duration) ([]bulkCreated, error) {
+// stepready.CreateTasksFromTemplate. runAt (or in, from the database's now), when set, delays every created task.
+func createBulk(ctx context.Context, conn *pgx.Conn, template string, contexts []stepready.FromTemplate,
+	runAt *time.Time, in time.Duration) ([]bulkCreated, error) {
 	var out []bulkCreated
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
 		now, err := startOf(ctx, tx, &runAt, in)
 		if err != nil {
 			return err
 		}
-		rows, err := tx.Query(ctx,
-			`SELECT ordinal, task_id, created FROM stepready.create_tasks_from_template($1, $2, NULL, $3)`,
-			template, string(contexts), runAt)
+		var opts stepready.TemplateOptions
+		if runAt != nil {
+			opts.RunAt = *runAt
+		}
+		created, err := stepready.CreateTasksFromTemplate(ctx, tx, template, contexts, opts)
 		if err != nil {
 			return err
 		}
-		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[bulkCreated])
-		if err != nil {
-			return err
-		}
-		if runAt != nil && runAt.After(now) {
-			at := runAt.UTC()
-			for i := range out {
-				if out[i].Created {
-					out[i].RunAt = &at
-				}
+		out = make([]bulkCreated, len(created))
+		for i, c := range created {
+			out[i] = bulkCreated{Ordinal: i + 1, TaskID: c.TaskID, Created: c.Created}
+			if c.Created && runAt != nil && runAt.After(now) {
+				at := runAt.UTC()
+				out[i].RunAt = &at
 			}
 		}
 		return nil
@@ -102,8 +101,8 @@ func createBulk(ctx context.Context, conn *pgx.Conn, template string, contexts j
 // startOf reads the database's now in tx and, with in set, makes *runAt that long after it: the time a delayed
 // start is judged against (a task is said to be scheduled when its run_at is after now, as in a single create).
 func startOf(ctx context.Context, tx pgx.Tx, runAt **time.Time, in time.Duration) (time.Time, error) {
-	var now time.Time
-	if err := tx.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+	now, err := readmodel.Now(ctx, tx, nil)
+	if err != nil {
 		return now, err
 	}
 	if in > 0 {
