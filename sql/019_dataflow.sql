@@ -266,9 +266,9 @@ BEGIN
                      ORDER BY x.id)
       INTO v_ids, v_tokens, v_errors
       FROM (SELECT s.id, s.fence_token,
-                   (stepready._resolve_input(s.input, stepready._step_deps(s.id),
+                   (stepready._resolve_input(s.input, stepready._step_deps(COALESCE(s.map_step_id, s.id)),
                                              (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id),
-                                             s.task_id)).problem AS problem
+                                             s.task_id, s.element, s.element_index)).problem AS problem
               FROM stepready.steps s
              WHERE s.id = ANY (p_ids) AND s.state = 'in_progress' AND s.input_refs) x
      WHERE x.problem IS NOT NULL;
@@ -323,14 +323,15 @@ DECLARE
     v_problem text;
     v_name    text;
     v_input   jsonb;
+    v_map     bool;
 BEGIN
-    SELECT s.name, s.input INTO v_name, v_input FROM stepready.steps s WHERE s.id = NEW.id;
+    SELECT s.name, s.input, s.map IS NOT NULL INTO v_name, v_input, v_map FROM stepready.steps s WHERE s.id = NEW.id;
     IF NOT FOUND THEN
         RETURN NULL;
     END IF;
     v_problem := stepready._input_refs_problem(v_input,
         (SELECT array_agg(p.name) FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
-          WHERE e.child_step_id = NEW.id));
+          WHERE e.child_step_id = NEW.id), v_map);
     IF v_problem IS NOT NULL THEN
         RAISE EXCEPTION 'step % "%": %', NEW.id, v_name, v_problem USING ERRCODE = '22023';
     END IF;

@@ -108,19 +108,26 @@ DECLARE
     v_notify    bigint[];
     v_children  bigint[];
     v_child_d   int[];
+    v_maps      bigint[];
+    v_map_done  int[];
+    v_map_failed int[];
+    v_map_err   jsonb[];
 BEGIN
     WITH per_step AS (
         SELECT r.id, r.task_id, sum(r.unsat)::int AS unsat, sum(r.err)::int AS err,
                -- entered a started state (the old row is not started): a claim
-               sum(r.started) > 0 AS started, max(r.at) AS at, sum(r.claimable) > 0 AS claimable
-          FROM (SELECT n.id, n.task_id, (NOT stepready._satisfies(n.state))::int AS unsat,
+               sum(r.started) > 0 AS started, max(r.at) AS at, sum(r.claimable) > 0 AS claimable,
+               bool_or(r.element) AS element
+          FROM (SELECT n.id, n.task_id, n.map_step_id IS NOT NULL AS element,
+                       (NOT stepready._satisfies(n.state))::int AS unsat,
                        (n.state = 'error')::int AS err, (n.state IN ('enqueued', 'in_progress'))::int AS started,
                        n.completed_at AS at,
                        stepready._claimable_now(n.state, n.pending_parents, n.task_held, n.next_attempt_at)::int
                            AS claimable
                   FROM new_rows n
                 UNION ALL
-                SELECT o.id, o.task_id, -(NOT stepready._satisfies(o.state))::int, -(o.state = 'error')::int,
+                SELECT o.id, o.task_id, o.map_step_id IS NOT NULL,
+                       -(NOT stepready._satisfies(o.state))::int, -(o.state = 'error')::int,
                        -(o.state IN ('enqueued', 'in_progress'))::int, NULL,
                        -stepready._claimable_now(o.state, o.pending_parents, o.task_held, o.next_attempt_at)::int
                   FROM old_rows o) r
@@ -129,6 +136,8 @@ BEGIN
         SELECT p.task_id, sum(p.unsat)::int AS unsat, sum(p.err)::int AS err, bool_or(p.started) AS started,
                max(p.at) AS at
           FROM per_step p
+         -- The elements of a map step are not counted in their task (SPEC §19): the map step stands for them.
+         WHERE NOT p.element
          GROUP BY p.task_id
         HAVING sum(p.unsat) <> 0 OR sum(p.err) <> 0 OR bool_or(p.started)
     )
@@ -184,6 +193,32 @@ BEGIN
 
     IF v_notify IS NOT NULL THEN
         PERFORM stepready._notify_ready(v_notify);
+    END IF;
+    -- Elements of map steps that entered or left complete/resolved_manually or error (SPEC §19): their map
+    -- steps' counts, the aggregate, the end of a map whose element failed (sql/058_map.sql).
+    IF EXISTS (SELECT 1 FROM new_rows n WHERE n.map_step_id IS NOT NULL) THEN
+        SELECT array_agg(m.map_id ORDER BY m.map_id), array_agg(m.done ORDER BY m.map_id),
+               array_agg(m.failed ORDER BY m.map_id), array_agg(m.err ORDER BY m.map_id)
+          INTO v_maps, v_map_done, v_map_failed, v_map_err
+          FROM (SELECT x.map_id, sum(x.done)::int AS done, sum(x.failed)::int AS failed,
+                       (array_agg(x.err ORDER BY x.idx) FILTER (WHERE x.err IS NOT NULL))[1] AS err
+                  FROM (SELECT n.map_step_id AS map_id, n.element_index AS idx,
+                               (n.state IN ('complete', 'resolved_manually'))::int AS done,
+                               (n.state = 'error')::int AS failed,
+                               CASE WHEN n.state = 'error' THEN jsonb_build_object(
+                                   'class', n.last_error ->> 'class',
+                                   'message', format('element %s ("%s") failed: %s', n.element_index, n.name,
+                                                     COALESCE(n.last_error ->> 'message', 'error'))) END AS err
+                          FROM new_rows n WHERE n.map_step_id IS NOT NULL
+                        UNION ALL
+                        SELECT o.map_step_id, o.element_index, -(o.state IN ('complete', 'resolved_manually'))::int,
+                               -(o.state = 'error')::int, NULL
+                          FROM old_rows o WHERE o.map_step_id IS NOT NULL) x
+                 GROUP BY x.map_id
+                HAVING sum(x.done) <> 0 OR sum(x.failed) <> 0) m;
+        IF v_maps IS NOT NULL THEN
+            PERFORM stepready._map_after_elements(v_maps, v_map_done, v_map_failed, v_map_err);
+        END IF;
     END IF;
     -- A step that stops holding a slot of its concurrency key (SPEC §14; stepready._holds_slot: it leaves flight
     -- with its lease, or its orphaned lease ends) frees it: steps of that key that the last claim left behind

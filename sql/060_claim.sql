@@ -123,6 +123,8 @@ CREATE OR REPLACE FUNCTION stepready._claim_begin(p_limit int, p_worker text, p_
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
 AS $$
+DECLARE
+    v_maps bigint[];
 BEGIN
     PERFORM stepready._check_limit(p_limit, '');
     PERFORM stepready._check_lease_args(p_worker, p_lease_ms);
@@ -133,6 +135,15 @@ BEGIN
     p_states := '{}';
     IF p_limit > 0 THEN
         SELECT k.p_ids, k.p_states INTO p_ids, p_states FROM stepready._claim_pick_rows(p_limit, p_as_of) k;
+        -- Map steps (SPEC §19) are not handed over: they fan out into elements here (sql/058_map.sql), which
+        -- later claims take like any ready step. Only a claim that picked one pays for more than the test.
+        IF EXISTS (SELECT 1 FROM stepready.steps s WHERE s.id = ANY (p_ids) AND s.map IS NOT NULL) THEN
+            v_maps := stepready._map_fan_out(p_ids, p_as_of);
+            SELECT COALESCE(array_agg(x.id ORDER BY x.o), '{}'), COALESCE(array_agg(x.st ORDER BY x.o), '{}')
+              INTO p_ids, p_states
+              FROM unnest(p_ids, p_states) WITH ORDINALITY AS x(id, st, o)
+             WHERE x.id <> ALL (v_maps);
+        END IF;
     END IF;
     p_lease := p_as_of + p_lease_ms * interval '1 millisecond';
     p_details := jsonb_build_object('worker', p_worker, 'lease_expires_at', p_lease);
@@ -272,7 +283,7 @@ BEGIN
     -- SPEC §18: deps, and the input with its references resolved (only where it has `${`). An attempt whose input
     -- does not resolve is not handed out: it is failed below (start_steps does the same).
     SELECT c.id, c.task_id, c.name, c.handler, COALESCE(r.value, c.input), c.fence_token, c.timeout_ms,
-           c.queue, c.iteration, t.context, c.rules, c.attempts, d.deps, NULL::jsonb, NULL::int
+           c.queue, c.iteration, t.context, c.rules, c.attempts, d.deps, c.element, c.element_index
       FROM started c
       JOIN stepready.tasks t ON t.id = c.task_id
      -- _step_deps, written out (a SQL function with a FROM clause is not inlined): the child's edges by
@@ -282,9 +293,11 @@ BEGIN
                           CROSS JOIN LATERAL (SELECT q.name, q.output FROM stepready.steps q
                                                WHERE q.id = e.parent_step_id
                                                  AND q.state IN ('complete', 'resolved_manually') OFFSET 0) p
-                          WHERE e.child_step_id = c.id) d
+                          -- an element's deps are its map step's (elements have no edges)
+                          WHERE e.child_step_id = COALESCE(c.map_step_id, c.id)) d
      -- Resolved only where the input has `${`: the subquery's filter on the outer row skips the call otherwise.
-     LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(c.input, d.deps, t.context, c.task_id) x
+     LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(c.input, d.deps, t.context, c.task_id,
+                                                                     c.element, c.element_index) x
                         WHERE c.input_refs) r ON true
      WHERE r.problem IS NULL
      ORDER BY c.ord;

@@ -126,6 +126,7 @@ BEGIN
                    lease_expires_at = v_lease
              WHERE s.id = ANY (v_start)
             RETURNING s.id, s.task_id, s.attempts, s.fence_token, s.iteration, s.input, s.input_refs, s.rules,
+                      s.map_step_id, s.element, s.element_index,
                       s.lease_expires_at, (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id) AS context
         ), logged AS (
             INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
@@ -138,7 +139,7 @@ BEGIN
         -- SPEC §18: deps, and the input with its references resolved (only where it has `${`). An attempt whose
         -- input does not resolve is left out here and failed below.
         SELECT st.id, st.fence_token, st.iteration, COALESCE(r.value, st.input), st.context, st.rules,
-               st.attempts, d.deps, NULL::jsonb, NULL::int
+               st.attempts, d.deps, st.element, st.element_index
           FROM started st
          -- _step_deps, written out (a SQL function with a FROM clause is not inlined): the child's edges by
          -- step_edges_child_idx, each parent by primary key (a lateral lookup per edge: never a join of two sets).
@@ -147,9 +148,11 @@ BEGIN
                               CROSS JOIN LATERAL (SELECT q.name, q.output FROM stepready.steps q
                                                    WHERE q.id = e.parent_step_id
                                                      AND q.state IN ('complete', 'resolved_manually') OFFSET 0) p
-                              WHERE e.child_step_id = st.id) d
+                              -- an element's deps are its map step's (elements have no edges)
+                              WHERE e.child_step_id = COALESCE(st.map_step_id, st.id)) d
          -- Resolved only where the input has `${`: the subquery's filter on the outer row skips the call otherwise.
-         LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(st.input, d.deps, st.context, st.task_id) x
+         LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(st.input, d.deps, st.context, st.task_id,
+                                                                         st.element, st.element_index) x
                             WHERE st.input_refs) r ON true
          WHERE r.problem IS NULL;
         GET DIAGNOSTICS v_n = ROW_COUNT;

@@ -79,7 +79,8 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
 CREATE TEMPORARY TABLE stepready_definer (name text PRIMARY KEY) ON COMMIT DROP;
 INSERT INTO stepready_definer (name) VALUES
     ('cancel_task'), ('pause_task'), ('resume_task'), ('retry_step_now'), ('resolve_step'), ('reset_task'),
-    ('_step_edges_validate'), ('_step_edges_count'), ('_steps_count_rows'), ('_tasks_run_at'), ('_create_tasks');
+    ('_step_edges_validate'), ('_step_edges_count'), ('_steps_count_rows'), ('_tasks_run_at'), ('_create_tasks'),
+    ('_map_fan_out');
 
 DO $roles$
 DECLARE

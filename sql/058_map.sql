@@ -1,0 +1,191 @@
+-- Map steps (SPEC §19): fan-out when the claim picks a map step, and the aggregate written once when its last
+-- element completes. docs/design-core.md ("Map steps") gives the design; elements are rows of stepready.steps
+-- (schema version 15), claimed, leased, fenced, retried and reaped like any step.
+
+-- A map step's definition limits: max_elements defaults to 10,000 and is at most 100,000.
+CREATE OR REPLACE FUNCTION stepready._map_max_elements(p_map jsonb)
+RETURNS int
+LANGUAGE sql IMMUTABLE
+AS $fn$
+    SELECT LEAST(COALESCE(CASE WHEN jsonb_typeof(p_map -> 'max_elements') = 'number'
+                               THEN (p_map ->> 'max_elements')::numeric END, 10000), 100000)::int;
+$fn$;
+
+-- Fans out the map steps among p_ids (rows the claim picked and locked; the others are left alone) at p_as_of.
+-- Each starts its attempt (in_progress, attempts + 1, fencing token + 1, no lease: no worker runs it, so the
+-- reaper never touches it) and reads `over` once, resolved against its deps and its task's context:
+--   - not resolvable, not an array, or longer than max_elements: failed `deterministic` (fail_steps, so its
+--     retry policy and on_exhausted apply) naming the reference and the length;
+--   - an empty array: completed at once with output [];
+--   - otherwise one INSERT writes every element (named NAME[i], from 0), complete rows copying the map step's
+--     handler, input (references kept: resolved when each element starts), policy, flow keys, queue, priorities
+--     and rules, with map_total set on the map step and map_done = map_failed = 0.
+-- Returns the ids it took (the map steps among p_ids), for the claim to leave out of what it hands over.
+-- SECURITY DEFINER (migrations/roles/roles.sql) with stepready.validated_write: the element rows are written
+-- complete, so the plain-SQL path's insert triggers (materialize, count, notify, reference check) do not run for
+-- them (sql/018_validated_write.sql); elements are left out of the task's counters (the map step stands for them).
+CREATE OR REPLACE FUNCTION stepready._map_fan_out(p_ids bigint[], p_as_of timestamptz)
+RETURNS bigint[]
+LANGUAGE plpgsql
+SET stepready.validated_write = 'on'
+SET plan_cache_mode = force_generic_plan
+SET jit = off
+AS $fn$
+DECLARE
+    v_maps   bigint[];
+    r        record;
+    v_fail_ids    bigint[] := '{}';
+    v_fail_tokens int[] := '{}';
+    v_fail_errors jsonb[] := '{}';
+    v_done_ids    bigint[] := '{}';
+    v_done_tokens int[] := '{}';
+    v_tasks       bigint[] := '{}';
+    v_n      int;
+BEGIN
+    SELECT array_agg(s.id ORDER BY s.id) INTO v_maps
+      FROM stepready.steps s
+     WHERE s.id = ANY (p_ids) AND s.map IS NOT NULL
+       -- claimable now (what a claim picked): a direct call takes nothing a claim could not
+       AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held;
+    IF v_maps IS NULL THEN
+        RETURN '{}';
+    END IF;
+    IF NOT stepready._validated_write() THEN
+        RAISE EXCEPTION 'stepready._map_fan_out must run as the owner of stepready._create_tasks'
+            USING ERRCODE = '42501';
+    END IF;
+    FOR r IN
+        WITH started AS (
+            UPDATE stepready.steps s
+               SET state = 'in_progress',
+                   attempts = s.attempts + 1,
+                   fence_token = s.fence_token + 1,
+                   last_attempted_at = p_as_of,
+                   updated_at = now(),
+                   lease_owner = NULL,
+                   lease_expires_at = NULL
+             WHERE s.id = ANY (v_maps)
+            RETURNING s.*, (SELECT st.state FROM stepready.steps st WHERE st.id = s.id) AS from_state
+        ), logged AS (
+            INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                               details, at)
+            SELECT c.task_id, c.id, c.attempts, c.iteration, 'attempt.started', c.from_state, 'in_progress',
+                   jsonb_build_object('map', true), p_as_of
+              FROM started c
+             ORDER BY c.id
+        )
+        SELECT c.id, c.task_id, c.name, c.fence_token, c.map, o.value AS over, o.problem,
+               stepready._map_max_elements(c.map) AS max_elements
+          FROM started c
+         CROSS JOIN LATERAL stepready._resolve_input(c.map -> 'over', stepready._step_deps(c.id),
+                                (SELECT t.context FROM stepready.tasks t WHERE t.id = c.task_id), c.task_id) o
+         ORDER BY c.id
+    LOOP
+        IF r.problem IS NOT NULL OR jsonb_typeof(r.over) IS DISTINCT FROM 'array'
+           OR jsonb_array_length(r.over) > r.max_elements THEN
+            v_fail_ids := v_fail_ids || r.id;
+            v_fail_tokens := v_fail_tokens || r.fence_token;
+            v_fail_errors := v_fail_errors || jsonb_build_object('class', 'deterministic', 'code', 'map_over',
+                'message', 'map.over ' || (r.map -> 'over')::text || ': ' || CASE
+                    WHEN r.problem IS NOT NULL THEN r.problem
+                    WHEN jsonb_typeof(r.over) IS DISTINCT FROM 'array'
+                        THEN format('is %s, not an array', COALESCE(jsonb_typeof(r.over), 'missing'))
+                    ELSE format('has %s elements, more than max_elements (%s)', jsonb_array_length(r.over),
+                                r.max_elements) END);
+        ELSIF jsonb_array_length(r.over) = 0 THEN
+            v_done_ids := v_done_ids || r.id;
+            v_done_tokens := v_done_tokens || r.fence_token;
+        ELSE
+            INSERT INTO stepready.steps (
+                task_id, name, handler, input, state, attempts, max_attempts, retryable, backoff, base_delay_ms,
+                multiplier, max_delay_ms, jitter, retry_policy, timeout_ms, on_exhausted, rules, iteration,
+                max_iterations, collect, breaker_limit, priority, queue, pending_parents, task_held, task_priority,
+                concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period_ms, map_step_id, element,
+                element_index)
+            SELECT m.task_id, m.name || '[' || (e.o - 1) || ']', m.handler, m.input, 'pending', 0, m.max_attempts,
+                   m.retryable, m.backoff, m.base_delay_ms, m.multiplier, m.max_delay_ms, m.jitter, m.retry_policy,
+                   m.timeout_ms, m.on_exhausted, m.rules, 0, m.max_iterations, m.collect, m.breaker_limit,
+                   m.priority, m.queue, 0, false, m.task_priority, m.concurrency_key, m.concurrency_limit,
+                   m.rate_key, m.rate_limit, m.rate_period_ms, m.id, e.v, (e.o - 1)::int
+              FROM stepready.steps m
+             CROSS JOIN LATERAL jsonb_array_elements(r.over) WITH ORDINALITY AS e(v, o)
+             WHERE m.id = r.id
+             ORDER BY e.o;
+            GET DIAGNOSTICS v_n = ROW_COUNT;
+            UPDATE stepready.steps s SET map_total = v_n, map_done = 0, map_failed = 0, updated_at = now()
+             WHERE s.id = r.id;
+            v_tasks := v_tasks || r.task_id;
+        END IF;
+    END LOOP;
+    IF cardinality(v_done_ids) > 0 THEN
+        UPDATE stepready.steps s SET map_total = 0, map_done = 0, map_failed = 0, updated_at = now()
+         WHERE s.id = ANY (v_done_ids);
+        PERFORM stepready.complete_steps(v_done_ids, v_done_tokens,
+                                         array_fill('[]'::jsonb, ARRAY[cardinality(v_done_ids)]), p_as_of);
+    END IF;
+    IF cardinality(v_fail_ids) > 0 THEN
+        PERFORM stepready.fail_steps(v_fail_ids, v_fail_tokens, v_fail_errors, p_as_of,
+                                     array_fill(0::float8, ARRAY[cardinality(v_fail_ids)]));
+    END IF;
+    IF cardinality(v_tasks) > 0 THEN
+        PERFORM stepready._notify_ready(v_tasks);
+    END IF;
+    RETURN v_maps;
+END;
+$fn$;
+
+-- The aggregate (called by steps_after_update when elements changed state): counts each touched map step's
+-- elements that entered or left complete/resolved_manually (map_done) and error (map_failed). The statement whose
+-- update makes map_done reach map_total (the map step's row lock serializes concurrent completions, and the
+-- RETURNING tells exactly one of them) writes the output, the elements' outputs in element order, read in a
+-- statement of its own (a fresh snapshot: every other element's output is committed), and completes the map step.
+-- An element that enters error ends the map: the map step fails with the element's class, not retryable, so its
+-- on_exhausted applies, and its other elements that are not in flight or terminal are cancelled.
+CREATE OR REPLACE FUNCTION stepready._map_after_elements(p_maps bigint[], p_done int[], p_failed int[],
+                                                         p_failed_error jsonb[])
+RETURNS void
+LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+AS $fn$
+DECLARE
+    r record;
+BEGIN
+    FOR r IN
+        WITH d AS (SELECT x.* FROM unnest(p_maps, p_done, p_failed, p_failed_error) AS x(id, done, failed, err)
+                    ORDER BY x.id)
+        UPDATE stepready.steps s
+           SET map_done = s.map_done + d.done, map_failed = s.map_failed + d.failed, updated_at = now()
+          FROM d
+         WHERE s.id = d.id AND s.map_total IS NOT NULL
+        RETURNING s.id, s.task_id, s.state, s.fence_token, s.map_total, s.map_done, s.map_failed, s.iteration,
+                  s.attempts, d.failed AS newly_failed, d.err
+    LOOP
+        CONTINUE WHEN r.state <> 'in_progress';
+        IF r.newly_failed > 0 THEN
+            UPDATE stepready.steps s SET state = 'cancelled', updated_at = now()
+             WHERE s.map_step_id = r.id AND s.state IN ('pending', 'waiting_for_retry');
+            PERFORM stepready.fail_steps(ARRAY[r.id], ARRAY[r.fence_token],
+                ARRAY[jsonb_build_object('class', COALESCE(r.err ->> 'class', 'deterministic'),
+                                         'code', 'map_element_failed', 'retryable', false,
+                                         'message', r.err ->> 'message')],
+                now(), ARRAY[0::float8]);
+        ELSIF r.map_done = r.map_total THEN
+            WITH done AS (
+                UPDATE stepready.steps s
+                   SET state = 'complete',
+                       output = (SELECT COALESCE(jsonb_agg(e.output ORDER BY e.element_index), '[]')
+                                   FROM stepready.steps e WHERE e.map_step_id = r.id),
+                       updated_at = now(),
+                       completed_at = now()
+                 WHERE s.id = r.id AND s.state = 'in_progress'
+                RETURNING s.id
+            )
+            INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                               details, at)
+            SELECT r.task_id, d.id, r.attempts, r.iteration, 'attempt.succeeded', 'in_progress', 'complete',
+                   jsonb_build_object('map_total', r.map_total), now()
+              FROM done d;
+        END IF;
+    END LOOP;
+END;
+$fn$;

@@ -1,0 +1,165 @@
+package integration
+
+// Issue 21 part 2, SPEC §19: map steps. A map step fans out into one element per item of `over` when a claim
+// picks it; elements are steps (claimed, started, completed like any), their input sees ${element…} and
+// ${index}; the map step's output is the elements' outputs in element order; an empty array completes at once
+// with []; a value that is not an array, or longer than max_elements, fails the map step deterministic.
+
+import (
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+)
+
+// mapRow is the part of a claim_and_start_steps row the map tests look at.
+type mapRow struct {
+	StepID  int64
+	Name    string
+	Attempt int
+	Input   string
+	Deps    string
+	Element *string
+	Index   *int
+}
+
+// mapClaimStart runs claim_and_start_steps at asOf and returns its rows in order.
+func (b *lifecycleBundle) mapClaimStart(limit int, asOf time.Time) []mapRow {
+	b.t.Helper()
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id, name, attempt, input::text, deps::text, element::text,
+		element_index FROM stepready.claim_and_start_steps($1, $2, $3, $4)`, limit, testWorker, testLeaseMs, asOf)
+	require.NoError(b.t, err)
+	got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[mapRow])
+	require.NoError(b.t, err)
+	return got
+}
+
+// mapTask creates list → m → join, makes m a map step over `over` (plain SQL: the definition path comes in a
+// later layer) with input, runs list to complete with listOutput, and returns the ids.
+func (b *lifecycleBundle) mapTask(mapDef, input, listOutput string, t0 time.Time) (int64, map[string]int64) {
+	b.t.Helper()
+	taskID, ids := b.task(`{"name": "fan", "steps": [
+		{"name": "list", "handler": "h"},
+		{"name": "m", "handler": "work", "depends_on": ["list"]},
+		{"name": "join", "handler": "h", "depends_on": ["m"]}]}`)
+	b.exec(`UPDATE stepready.steps SET map = $2::jsonb, input = $3::jsonb WHERE id = $1`, ids["m"], mapDef, input)
+	rows := b.mapClaimStart(10, t0)
+	require.Len(b.t, rows, 1)
+	require.Equal(b.t, ids["list"], rows[0].StepID)
+	require.True(b.t, b.complete(ids["list"], rows[0].Attempt, listOutput, t0))
+	return taskID, ids
+}
+
+func TestMapFanOutAndAggregateInElementOrder(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	taskID, ids := b.mapTask(`{"over": "${deps.list.items}"}`,
+		`{"v": "${element.v}", "i": "${index}", "all": "${element}", "text": "item ${index} of ${task.id}"}`,
+		`{"items": [{"v": "a"}, {"v": "b"}, {"v": "c"}]}`, t0)
+
+	// The claim that picks the map step fans it out and hands nothing over.
+	require.Empty(t, b.mapClaimStart(10, t0))
+	m := b.step(ids["m"])
+	require.Equal(t, "in_progress", m.State)
+	require.Nil(t, m.LeaseOwner, "a map step has no lease")
+	var total, done int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT map_total, map_done FROM stepready.steps WHERE id = $1`,
+		ids["m"]).Scan(&total, &done))
+	require.Equal(t, 3, total)
+	require.Equal(t, 0, done)
+	var stepsTotal int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT steps_total FROM stepready.tasks WHERE id = $1`, taskID).
+		Scan(&stepsTotal))
+	require.Equal(t, 3, stepsTotal, "elements are not counted in their task")
+
+	rows := b.mapClaimStart(10, t0)
+	require.Len(t, rows, 3)
+	for i, r := range rows {
+		require.Equal(t, "m["+string(rune('0'+i))+"]", r.Name)
+		require.NotNil(t, r.Index)
+		require.Equal(t, i, *r.Index)
+		v := string(rune('a' + i))
+		requireJSON(t, `{"v": "`+v+`"}`, r.Element, "element")
+		requireJSON(t, `{"v": "`+v+`", "i": `+string(rune('0'+i))+`, "all": {"v": "`+v+`"}, "text": "item `+
+			string(rune('0'+i))+` of `+itoa(taskID)+`"}`, &r.Input, "resolved input")
+		requireJSON(t, `{"list": {"items": [{"v": "a"}, {"v": "b"}, {"v": "c"}]}}`, &r.Deps,
+			"an element's deps are its map step's")
+	}
+	// Completed in reverse order: the output is still in element order, written once, by the last one.
+	for i := 2; i >= 0; i-- {
+		require.True(t, b.complete(rows[i].StepID, rows[i].Attempt, `{"out": `+string(rune('0'+i))+`}`, t0))
+		if i > 0 {
+			b.requireState(ids["m"], "in_progress")
+		}
+	}
+	b.requireState(ids["m"], "complete")
+	requireJSON(t, `[{"out": 0}, {"out": 1}, {"out": 2}]`, b.step(ids["m"]).Output, "output in element order")
+
+	rows = b.mapClaimStart(10, t0)
+	require.Len(t, rows, 1)
+	require.Equal(t, ids["join"], rows[0].StepID)
+	requireJSON(t, `{"m": [{"out": 0}, {"out": 1}, {"out": 2}]}`, &rows[0].Deps, "the join reads the aggregate")
+	require.Nil(t, rows[0].Element)
+	require.True(t, b.complete(ids["join"], rows[0].Attempt, `{}`, t0))
+	b.requireStatus(taskID, "complete")
+}
+
+func TestMapEmptyArrayCompletesAtOnce(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	_, ids := b.mapTask(`{"over": "${deps.list.items}"}`, `{}`, `{"items": []}`, t0)
+	require.Empty(t, b.mapClaimStart(10, t0))
+	b.requireState(ids["m"], "complete")
+	requireJSON(t, `[]`, b.step(ids["m"]).Output, "an empty map's output")
+	rows := b.mapClaimStart(10, t0)
+	require.Len(t, rows, 1)
+	require.Equal(t, ids["join"], rows[0].StepID)
+}
+
+func TestMapOverLiteralArray(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	_, ids := b.mapTask(`{"over": [10, 20]}`, `{"n": "${element}"}`, `{}`, t0)
+	require.Empty(t, b.mapClaimStart(10, t0))
+	rows := b.mapClaimStart(10, t0)
+	require.Len(t, rows, 2)
+	requireJSON(t, `{"n": 10}`, &rows[0].Input, "literal over")
+	requireJSON(t, `{"n": 20}`, &rows[1].Input, "literal over")
+	require.True(t, b.complete(rows[0].StepID, rows[0].Attempt, `1`, t0))
+	require.True(t, b.complete(rows[1].StepID, rows[1].Attempt, `2`, t0))
+	requireJSON(t, `[1, 2]`, b.step(ids["m"]).Output, "output")
+}
+
+func TestMapOverNotAnArrayOrTooLongFailsDeterministic(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ name, mapDef, list, want string }{
+		{"object", `{"over": "${deps.list.items}"}`, `{"items": {"a": 1}}`,
+			`map.over "${deps.list.items}": is object, not an array`},
+		{"number", `{"over": "${deps.list.n}"}`, `{"n": 5}`, `map.over "${deps.list.n}": is number, not an array`},
+		{"missing", `{"over": "${deps.list.nope}"}`, `{"n": 5}`, `map.over "${deps.list.nope}": `},
+		{"too long", `{"over": "${deps.list.items}", "max_elements": 2}`, `{"items": [1, 2, 3]}`,
+			`map.over "${deps.list.items}": has 3 elements, more than max_elements (2)`},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
+			b := lifecycleSetup(t)
+			t0 := testBase
+			taskID, ids := b.mapTask(c.mapDef, `{}`, c.list, t0)
+			require.Empty(t, b.mapClaimStart(10, t0))
+			m := b.step(ids["m"])
+			require.Equal(t, "error", m.State)
+			require.NotNil(t, m.LastError)
+			require.Contains(t, *m.LastError, `"class": "deterministic"`)
+			require.Contains(t, *m.LastError, c.want)
+			var n int
+			require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+				`SELECT count(*) FROM stepready.steps WHERE map_step_id = $1`, ids["m"]).Scan(&n))
+			require.Zero(t, n, "no element written")
+			b.requireStatus(taskID, "error")
+		})
+	}
+}
