@@ -86,7 +86,8 @@ BEGIN
             v_fail_ids := v_fail_ids || r.id;
             v_fail_tokens := v_fail_tokens || r.fence_token;
             v_fail_errors := v_fail_errors || jsonb_build_object('class', 'deterministic', 'code', 'map_over',
-                'message', 'map.over ' || (r.map -> 'over')::text || ': ' || CASE
+                'message', 'map.over ' || CASE WHEN jsonb_typeof(r.map -> 'over') = 'string' THEN r.map ->> 'over'
+                                    ELSE '(an array literal)' END || ': ' || CASE
                     WHEN r.problem IS NOT NULL THEN r.problem
                     WHEN jsonb_typeof(r.over) IS DISTINCT FROM 'array'
                         THEN format('is %s, not an array', COALESCE(jsonb_typeof(r.over), 'missing'))

@@ -6,6 +6,7 @@ package integration
 // with []; a value that is not an array, or longer than max_elements, fails the map step deterministic.
 
 import (
+	"encoding/json"
 	"testing"
 	"time"
 
@@ -138,11 +139,11 @@ func TestMapOverNotAnArrayOrTooLongFailsDeterministic(t *testing.T) {
 	t.Parallel()
 	for _, c := range []struct{ name, mapDef, list, want string }{
 		{"object", `{"over": "${deps.list.items}"}`, `{"items": {"a": 1}}`,
-			`map.over "${deps.list.items}": is object, not an array`},
-		{"number", `{"over": "${deps.list.n}"}`, `{"n": 5}`, `map.over "${deps.list.n}": is number, not an array`},
-		{"missing", `{"over": "${deps.list.nope}"}`, `{"n": 5}`, `map.over "${deps.list.nope}": `},
+			`map.over ${deps.list.items}: is object, not an array`},
+		{"number", `{"over": "${deps.list.n}"}`, `{"n": 5}`, `map.over ${deps.list.n}: is number, not an array`},
+		{"missing", `{"over": "${deps.list.nope}"}`, `{"n": 5}`, `map.over ${deps.list.nope}: input reference ${deps.list.nope}: deps.list.nope not found`},
 		{"too long", `{"over": "${deps.list.items}", "max_elements": 2}`, `{"items": [1, 2, 3]}`,
-			`map.over "${deps.list.items}": has 3 elements, more than max_elements (2)`},
+			`map.over ${deps.list.items}: has 3 elements, more than max_elements (2)`},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			t.Parallel()
@@ -153,8 +154,10 @@ func TestMapOverNotAnArrayOrTooLongFailsDeterministic(t *testing.T) {
 			m := b.step(ids["m"])
 			require.Equal(t, "error", m.State)
 			require.NotNil(t, m.LastError)
-			require.Contains(t, *m.LastError, `"class": "deterministic"`)
-			require.Contains(t, *m.LastError, c.want)
+			var lastErr struct{ Class, Message string }
+			require.NoError(t, json.Unmarshal([]byte(*m.LastError), &lastErr))
+			require.Equal(t, "deterministic", lastErr.Class)
+			require.Contains(t, lastErr.Message, c.want)
 			var n int
 			require.NoError(t, b.db.Pool.QueryRow(b.ctx,
 				`SELECT count(*) FROM stepready.steps WHERE map_step_id = $1`, ids["m"]).Scan(&n))
