@@ -19,7 +19,9 @@ $fn$;
 --   - an empty array: completed at once with output [];
 --   - otherwise one INSERT writes every element (named NAME[i], from 0), complete rows copying the map step's
 --     handler, input (references kept: resolved when each element starts), policy, flow keys, queue, priorities
---     and rules, with map_total set on the map step and map_done = map_failed = 0.
+--     and rules, with map_total set on the map step and map_done = map_failed = 0. An element's on_exhausted is
+--     always fail_task: an element that runs out of attempts ends in error, which ends the map, and the map
+--     step's own on_exhausted decides what follows (an element is never skipped on its own).
 -- Returns the ids it took (the map steps among p_ids), for the claim to leave out of what it hands over.
 -- SECURITY DEFINER (migrations/roles/roles.sql) with stepready.validated_write: the element rows are written
 -- complete, so the plain-SQL path's insert triggers (materialize, count, notify, reference check) do not run for
@@ -105,7 +107,7 @@ BEGIN
                 element_index)
             SELECT m.task_id, m.name || '[' || (e.o - 1) || ']', m.handler, m.input, 'pending', 0, m.max_attempts,
                    m.retryable, m.backoff, m.base_delay_ms, m.multiplier, m.max_delay_ms, m.jitter, m.retry_policy,
-                   m.timeout_ms, m.on_exhausted, m.rules, 0, m.max_iterations, m.collect, m.breaker_limit,
+                   m.timeout_ms, 'fail_task', m.rules, 0, m.max_iterations, m.collect, m.breaker_limit,
                    m.priority, m.queue, 0, false, m.task_priority, m.concurrency_key, m.concurrency_limit,
                    m.rate_key, m.rate_limit, m.rate_period_ms, m.id, e.v, (e.o - 1)::int
               FROM stepready.steps m

@@ -166,3 +166,43 @@ func TestMapOverNotAnArrayOrTooLongFailsDeterministic(t *testing.T) {
 		})
 	}
 }
+
+func TestMapElementInErrorEndsTheMap(t *testing.T) {
+	t.Parallel()
+	for _, c := range []struct{ onExhausted, mapState, taskStatus, joinState string }{
+		{"fail_task", "error", "error", "pending"},
+		{"skip", "skipped", "in_progress", ""},
+		{"skip_cascade", "skipped", "complete", "skipped"},
+	} {
+		t.Run(c.onExhausted, func(t *testing.T) {
+			t.Parallel()
+			b := lifecycleSetup(t)
+			t0 := testBase
+			taskID, ids := b.mapTask(`{"over": [1, 2, 3, 4]}`, `{}`, `{}`, t0)
+			b.exec(`UPDATE stepready.steps SET on_exhausted = $2 WHERE id = $1`, ids["m"], c.onExhausted)
+			require.Empty(t, b.mapClaimStart(10, t0))
+			rows := b.mapClaimStart(2, t0) // elements 0 and 1 in flight; 2 and 3 ready
+			require.Len(t, rows, 2)
+			require.True(t, b.complete(rows[0].StepID, rows[0].Attempt, `"ok"`, t0))
+			res := b.fail(rows[1].StepID, rows[1].Attempt, `{"class": "permanent", "message": "bad item"}`, t0, 0)
+			require.Equal(t, "error", deref(res.State))
+
+			m := b.step(ids["m"])
+			require.Equal(t, c.mapState, m.State)
+			require.NotNil(t, m.LastError)
+			var lastErr struct{ Class, Message string }
+			require.NoError(t, json.Unmarshal([]byte(*m.LastError), &lastErr))
+			require.Equal(t, "permanent", lastErr.Class)
+			require.Equal(t, `element 1 ("m[1]") failed: bad item`, lastErr.Message)
+			var states []string
+			require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT array_agg(state ORDER BY element_index)
+				FROM stepready.steps WHERE map_step_id = $1`, ids["m"]).Scan(&states))
+			require.Equal(t, []string{"complete", "error", "cancelled", "cancelled"}, states,
+				"the map's other elements start no more")
+			b.requireStatus(taskID, c.taskStatus)
+			if c.joinState != "" {
+				b.requireState(ids["join"], c.joinState)
+			}
+		})
+	}
+}
