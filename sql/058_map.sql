@@ -11,6 +11,61 @@ AS $fn$
                                THEN (p_map ->> 'max_elements')::numeric END, 10000), 100000)::int;
 $fn$;
 
+-- What is wrong with a step's `map` ({over, max_in_flight, max_elements}), as the end of a message (`: …`), or
+-- NULL. p_parents: the step's direct parents (a ${deps.NAME} in over must name one).
+CREATE OR REPLACE FUNCTION stepready._map_problem(p_map jsonb, p_parents text[])
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $fn$
+DECLARE
+    v_problem text;
+BEGIN
+    IF jsonb_typeof(p_map) IS DISTINCT FROM 'object' THEN
+        RETURN ': must be an object {over, max_in_flight, max_elements}';
+    END IF;
+    v_problem := stepready._unknown_keys_problem(p_map, ARRAY['over', 'max_in_flight', 'max_elements']);
+    IF v_problem IS NOT NULL THEN
+        RETURN ': ' || v_problem;
+    END IF;
+    IF NOT p_map ? 'over' THEN
+        RETURN '.over: is required';
+    END IF;
+    IF jsonb_typeof(p_map -> 'over') = 'string' THEN
+        IF (SELECT count(*) FROM stepready._ref_parse(p_map ->> 'over') p WHERE p.lit IS NULL) <> 1
+           OR EXISTS (SELECT 1 FROM stepready._ref_parse(p_map ->> 'over') p WHERE p.lit IS NOT NULL AND p.lit <> '') THEN
+            RETURN format('.over: must be an array or exactly one reference ${deps.NAME.PATH} or ${context.PATH}, got %s',
+                          p_map -> 'over');
+        END IF;
+        SELECT CASE WHEN r.problem IS NOT NULL THEN r.problem
+                    WHEN r.path[1] NOT IN ('deps', 'context')
+                        THEN format('reference %s: over reads deps or context', r.ref)
+                    WHEN r.path[1] = 'deps' AND NOT r.path[2] = ANY (COALESCE(p_parents, '{}'))
+                        THEN format('reference %s names step "%s", which is not a direct parent (depends_on)',
+                                    r.ref, r.path[2]) END
+          INTO v_problem
+          FROM stepready._input_refs(p_map -> 'over') r LIMIT 1;
+        IF v_problem IS NOT NULL THEN
+            RETURN '.over: ' || v_problem;
+        END IF;
+    ELSIF jsonb_typeof(p_map -> 'over') <> 'array' THEN
+        RETURN format('.over: must be an array or one reference, got %s', p_map -> 'over');
+    END IF;
+    v_problem := stepready._integer_problem(p_map -> 'max_in_flight', 1, 2147483647);
+    IF v_problem IS NOT NULL THEN
+        RETURN '.max_in_flight: ' || v_problem;
+    END IF;
+    v_problem := stepready._integer_problem(p_map -> 'max_elements', 0, 100000);
+    IF v_problem IS NOT NULL THEN
+        RETURN '.max_elements: ' || v_problem;
+    END IF;
+    IF jsonb_typeof(p_map -> 'over') = 'array' AND jsonb_array_length(p_map -> 'over') > stepready._map_max_elements(p_map) THEN
+        RETURN format('.over: has %s elements, more than max_elements (%s)', jsonb_array_length(p_map -> 'over'),
+                      stepready._map_max_elements(p_map));
+    END IF;
+    RETURN NULL;
+END;
+$fn$;
+
 -- Fans out the map steps among p_ids (rows the claim picked and locked; the others are left alone) at p_as_of.
 -- Each starts its attempt (in_progress, attempts + 1, fencing token + 1, no lease: no worker runs it, so the
 -- reaper never touches it) and reads `over` once, resolved against its deps and its task's context:

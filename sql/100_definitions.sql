@@ -243,7 +243,12 @@ AS $$
     SELECT COALESCE(
         p_where || ': ' || stepready._unknown_keys_problem(p_step,
             ARRAY['name', 'handler', 'input', 'depends_on', 'retry', 'timeout_ms', 'on_exhausted', 'rules',
-                  'max_iterations', 'collect', 'queue', 'priority', 'breaker_limit', 'concurrency', 'rate_limit']),
+                  'max_iterations', 'collect', 'queue', 'priority', 'breaker_limit', 'concurrency', 'rate_limit',
+                  'map']),
+        -- SPEC §19 (sql/058_map.sql).
+        CASE WHEN p_step ? 'map' THEN p_where || ': map' || stepready._map_problem(p_step -> 'map',
+            ARRAY(SELECT d.v #>> '{}' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_step -> 'depends_on') = 'array'
+                                                                     THEN p_step -> 'depends_on' END) AS d(v))) END,
         p_where || stepready._step_handler_problem(p_step -> 'handler'),
         stepready._retry_problem(p_step -> 'retry', p_where || ': retry', p_presets),
         p_where || ': timeout_ms: ' || stepready._duration_ms_problem(p_step -> 'timeout_ms', 1),
@@ -279,7 +284,8 @@ AS $$
         CASE WHEN strpos((p_step -> 'input')::text, '${') > 0 THEN p_where || ': ' || stepready._input_refs_problem(
             p_step -> 'input',
             ARRAY(SELECT d.v #>> '{}' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_step -> 'depends_on') = 'array'
-                                                                     THEN p_step -> 'depends_on' END) AS d(v))) END);
+                                                                     THEN p_step -> 'depends_on' END) AS d(v)),
+            p_step ? 'map') END);
 $$;
 
 -- What is wrong with step p_index (0-based) of a definition, on its own, as a whole message, or NULL: the full
@@ -727,7 +733,8 @@ BEGIN
                                          base_delay_ms, multiplier, max_delay_ms, jitter, retry_policy,
                                          next_attempt_at, timeout_ms, on_exhausted, rules, max_iterations, collect,
                                          queue, priority, breaker_limit, pending_parents, task_priority,
-                                         concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period_ms)
+                                         concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period_ms,
+                                         map)
             OVERRIDING SYSTEM VALUE
             SELECT v_sids[t.off + s.ordinality], t.tid, s.name, s.handler, COALESCE(s.input, '{}'),
                    COALESCE((s.retry ->> 'max_attempts')::numeric::int, (f.sp ->> 'max_attempts')::int, t.max_attempts),
@@ -753,12 +760,12 @@ BEGIN
                    CASE WHEN strpos(f.fr ->> 'key', '${') > 0
                         THEN (stepready._flow_substitute(f.fr ->> 'key', t.context, COALESCE(s.input, '{}'))).value
                         ELSE f.fr ->> 'key' END,
-                   (f.fr ->> 'limit')::numeric::int, (f.fr ->> 'period_ms')::numeric::bigint
+                   (f.fr ->> 'limit')::numeric::int, (f.fr ->> 'period_ms')::numeric::bigint, s.map
               FROM t
              CROSS JOIN LATERAL ROWS FROM (jsonb_to_recordset(t.steps) AS (
                     name text, handler text, input jsonb, depends_on jsonb, retry jsonb, timeout_ms numeric,
                     on_exhausted text, rules jsonb, max_iterations numeric, collect text, queue text, priority numeric,
-                    breaker_limit numeric, concurrency jsonb, rate_limit jsonb)) WITH ORDINALITY AS s
+                    breaker_limit numeric, concurrency jsonb, rate_limit jsonb, map jsonb)) WITH ORDINALITY AS s
              CROSS JOIN LATERAL (
                     SELECT CASE WHEN s.retry ->> 'policy' IS NOT NULL
                                 THEN (SELECT to_jsonb(p) FROM stepready.retry_policies p

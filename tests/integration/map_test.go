@@ -206,3 +206,43 @@ func TestMapElementInErrorEndsTheMap(t *testing.T) {
 		})
 	}
 }
+
+func TestMapThroughTheDefinition(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	_, ids := b.task(`{"name": "fan", "steps": [
+		{"name": "list", "handler": "h"},
+		{"name": "m", "handler": "work", "depends_on": ["list"], "input": {"x": "${element.x}", "i": "${index}"},
+		 "map": {"over": "${deps.list}", "max_elements": 5}}]}`)
+	rows := b.mapClaimStart(10, t0)
+	require.Len(t, rows, 1)
+	require.True(t, b.complete(ids["list"], rows[0].Attempt, `[{"x": 1}, {"x": 2}]`, t0))
+	require.Empty(t, b.mapClaimStart(10, t0))
+	rows = b.mapClaimStart(10, t0)
+	require.Len(t, rows, 2)
+	requireJSON(t, `{"x": 2, "i": 1}`, &rows[1].Input, "element input")
+
+	for _, c := range []struct{ mapDef, want string }{
+		{`[1]`, `"m": map: must be an object`},
+		{`{}`, `"m": map.over: is required`},
+		{`{"over": 5}`, `"m": map.over: must be an array or one reference`},
+		{`{"over": "a ${deps.list}"}`, `"m": map.over: must be an array or exactly one reference`},
+		{`{"over": "${deps.other}"}`, `which is not a direct parent`},
+		{`{"over": "${task.id}"}`, `over reads deps or context`},
+		{`{"over": [], "max_in_flight": 0}`, `map.max_in_flight: `},
+		{`{"over": [], "max_elements": 100001}`, `map.max_elements: `},
+		{`{"over": [1, 2], "max_elements": 1}`, `map.over: has 2 elements, more than max_elements (1)`},
+		{`{"over": [], "size": 1}`, `"m": map: `},
+	} {
+		_, err := b.db.Pool.Exec(b.ctx, `SELECT stepready.create_task($1::jsonb)`, `{"name": "bad", "steps": [
+			{"name": "list", "handler": "h"}, {"name": "other", "handler": "h"},
+			{"name": "m", "handler": "h", "depends_on": ["list"], "map": `+c.mapDef+`}]}`)
+		require.Error(t, err, c.mapDef)
+		require.Contains(t, err.Error(), c.want, c.mapDef)
+	}
+	// ${element} outside a map step is still refused.
+	_, err := b.db.Pool.Exec(b.ctx, `SELECT stepready.create_task($1::jsonb)`, `{"name": "bad", "steps": [
+		{"name": "m", "handler": "h", "input": {"x": "${element}"}}]}`)
+	require.ErrorContains(t, err, "only the elements of a map step")
+}
