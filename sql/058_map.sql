@@ -163,7 +163,10 @@ BEGIN
             SELECT m.task_id, m.name || '[' || (e.o - 1) || ']', m.handler, m.input, 'pending', 0, m.max_attempts,
                    m.retryable, m.backoff, m.base_delay_ms, m.multiplier, m.max_delay_ms, m.jitter, m.retry_policy,
                    m.timeout_ms, 'fail_task', m.rules, 0, m.max_iterations, m.collect, m.breaker_limit,
-                   m.priority, m.queue, 0, false, m.task_priority, m.concurrency_key, m.concurrency_limit,
+                   m.priority, m.queue,
+                   -- the window: elements past the first max_in_flight are held out of the claim index
+                   CASE WHEN e.o > COALESCE((r.map ->> 'max_in_flight')::int, 2147483647) THEN 1 ELSE 0 END,
+                   false, m.task_priority, m.concurrency_key, m.concurrency_limit,
                    m.rate_key, m.rate_limit, m.rate_period_ms, m.id, e.v, (e.o - 1)::int
               FROM stepready.steps m
              CROSS JOIN LATERAL jsonb_array_elements(r.over) WITH ORDINALITY AS e(v, o)
@@ -216,11 +219,27 @@ BEGIN
           FROM d
          WHERE s.id = d.id AND s.map_total IS NOT NULL
         RETURNING s.id, s.task_id, s.state, s.fence_token, s.map_total, s.map_done, s.map_failed, s.iteration,
-                  s.attempts, d.failed AS newly_failed, d.err
+                  s.attempts, d.failed AS newly_failed, d.err, (s.map ->> 'max_in_flight')::int AS max_in_flight
     LOOP
         CONTINUE WHEN r.state <> 'in_progress';
+        -- The window (max_in_flight): as many held elements are released, in element order, as there are free
+        -- slots. A slot is held by every released element not yet terminal (one in backoff keeps its slot). The
+        -- map step's row, locked above, serializes this between concurrent completions, and each statement sees
+        -- the others' committed releases.
+        IF r.max_in_flight IS NOT NULL AND r.newly_failed = 0 AND r.map_done < r.map_total THEN
+            UPDATE stepready.steps s
+               SET pending_parents = 0, updated_at = now()
+             WHERE s.id IN (SELECT h.id FROM stepready.steps h
+                             WHERE h.map_step_id = r.id AND h.pending_parents = 1 AND h.state = 'pending'
+                             ORDER BY h.element_index
+                             LIMIT GREATEST(r.max_in_flight
+                                            - (SELECT count(*) FROM stepready.steps f
+                                                WHERE f.map_step_id = r.id AND f.pending_parents = 0
+                                                  AND f.state NOT IN ('complete', 'error', 'skipped', 'cancelled',
+                                                                      'resolved_manually')), 0));
+        END IF;
         IF r.newly_failed > 0 THEN
-            UPDATE stepready.steps s SET state = 'cancelled', updated_at = now()
+            UPDATE stepready.steps s SET state = 'cancelled', pending_parents = 0, updated_at = now()
              WHERE s.map_step_id = r.id AND s.state IN ('pending', 'waiting_for_retry');
             PERFORM stepready.fail_steps(ARRAY[r.id], ARRAY[r.fence_token],
                 ARRAY[jsonb_build_object('class', COALESCE(r.err ->> 'class', 'deterministic'),

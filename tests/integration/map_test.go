@@ -246,3 +246,53 @@ func TestMapThroughTheDefinition(t *testing.T) {
 		{"name": "m", "handler": "h", "input": {"x": "${element}"}}]}`)
 	require.ErrorContains(t, err, "only the elements of a map step")
 }
+
+// mapStates returns the states of map step m's elements in element order, a held element (outside the window)
+// as "held".
+func (b *lifecycleBundle) mapStates(m int64) []string {
+	b.t.Helper()
+	var states []string
+	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT array_agg(CASE WHEN pending_parents > 0 THEN 'held'
+		ELSE state END ORDER BY element_index) FROM stepready.steps WHERE map_step_id = $1`, m).Scan(&states))
+	return states
+}
+
+func TestMapMaxInFlightWindow(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	_, ids := b.mapTask(`{"over": [0, 1, 2, 3, 4], "max_in_flight": 2}`, `{"n": "${element}"}`, `{}`, t0)
+	b.exec(`UPDATE stepready.steps SET max_attempts = 2, backoff = 'fixed', base_delay_ms = 60000, jitter = 0
+		WHERE id = $1`, ids["m"])
+	require.Empty(t, b.mapClaimStart(10, t0))
+	require.Equal(t, []string{"pending", "pending", "held", "held", "held"}, b.mapStates(ids["m"]))
+	rows := b.mapClaimStart(10, t0)
+	require.Len(t, rows, 2, "no more than max_in_flight")
+	require.Empty(t, b.mapClaimStart(10, t0))
+
+	// One completes: one slot, the next element in order.
+	require.True(t, b.complete(rows[0].StepID, rows[0].Attempt, `0`, t0))
+	require.Equal(t, []string{"complete", "in_progress", "pending", "held", "held"}, b.mapStates(ids["m"]))
+	// One in backoff keeps its slot.
+	require.Equal(t, "waiting_for_retry", deref(b.fail(rows[1].StepID, rows[1].Attempt,
+		`{"class": "transient"}`, t0, 0).State))
+	rows2 := b.mapClaimStart(10, t0)
+	require.Len(t, rows2, 1)
+	require.Equal(t, 2, *rows2[0].Index)
+	require.Empty(t, b.mapClaimStart(10, t0))
+	require.True(t, b.complete(rows2[0].StepID, rows2[0].Attempt, `2`, t0))
+	require.Equal(t, []string{"complete", "waiting_for_retry", "complete", "pending", "held"}, b.mapStates(ids["m"]))
+
+	// The retry comes due: it and element 3 run; then the rest.
+	t1 := t0.Add(time.Minute)
+	rows3 := b.mapClaimStart(10, t1)
+	require.Len(t, rows3, 2)
+	for _, r := range rows3 {
+		require.True(t, b.complete(r.StepID, r.Attempt, itoa(int64(*r.Index)), t1))
+	}
+	rows4 := b.mapClaimStart(10, t1)
+	require.Len(t, rows4, 1)
+	require.True(t, b.complete(rows4[0].StepID, rows4[0].Attempt, `4`, t1))
+	b.requireState(ids["m"], "complete")
+	requireJSON(t, `[0, 1, 2, 3, 4]`, b.step(ids["m"]).Output, "output in element order")
+}
