@@ -222,21 +222,8 @@ BEGIN
                   s.attempts, d.failed AS newly_failed, d.err, (s.map ->> 'max_in_flight')::int AS max_in_flight
     LOOP
         CONTINUE WHEN r.state <> 'in_progress';
-        -- The window (max_in_flight): as many held elements are released, in element order, as there are free
-        -- slots. A slot is held by every released element not yet terminal (one in backoff keeps its slot). The
-        -- map step's row, locked above, serializes this between concurrent completions, and each statement sees
-        -- the others' committed releases.
-        IF r.max_in_flight IS NOT NULL AND r.newly_failed = 0 AND r.map_done < r.map_total THEN
-            UPDATE stepready.steps s
-               SET pending_parents = 0, updated_at = now()
-             WHERE s.id IN (SELECT h.id FROM stepready.steps h
-                             WHERE h.map_step_id = r.id AND h.pending_parents = 1 AND h.state = 'pending'
-                             ORDER BY h.element_index
-                             LIMIT GREATEST(r.max_in_flight
-                                            - (SELECT count(*) FROM stepready.steps f
-                                                WHERE f.map_step_id = r.id AND f.pending_parents = 0
-                                                  AND f.state NOT IN ('complete', 'error', 'skipped', 'cancelled',
-                                                                      'resolved_manually')), 0));
+        IF r.max_in_flight IS NOT NULL AND r.newly_failed <= 0 AND r.map_done < r.map_total THEN
+            PERFORM stepready._map_release(r.id, r.max_in_flight);
         END IF;
         IF r.newly_failed > 0 THEN
             UPDATE stepready.steps s SET state = 'cancelled', pending_parents = 0, updated_at = now()
@@ -264,5 +251,72 @@ BEGIN
               FROM done d;
         END IF;
     END LOOP;
+END;
+$fn$;
+
+-- The window (max_in_flight): releases as many held elements of map step p_map_id (pending_parents = 1) as there
+-- are free slots, in element order. A slot is held by every released element not yet terminal (one in backoff
+-- keeps its slot). Callers hold the map step's row lock, which serializes this between concurrent completions;
+-- each statement sees the others' committed releases.
+CREATE OR REPLACE FUNCTION stepready._map_release(p_map_id bigint, p_max_in_flight int)
+RETURNS void
+LANGUAGE plpgsql
+AS $fn$
+BEGIN
+    UPDATE stepready.steps s
+       SET pending_parents = 0, updated_at = now()
+     WHERE s.id IN (SELECT h.id FROM stepready.steps h
+                     WHERE h.map_step_id = p_map_id AND h.pending_parents = 1
+                       AND h.state IN ('pending', 'waiting_for_retry')
+                     ORDER BY h.element_index
+                     LIMIT GREATEST(COALESCE(p_max_in_flight, 2147483647)
+                                    - (SELECT count(*) FROM stepready.steps f
+                                        WHERE f.map_step_id = p_map_id AND f.pending_parents = 0
+                                          AND f.state NOT IN ('complete', 'error', 'skipped', 'cancelled',
+                                                              'resolved_manually')), 0));
+END;
+$fn$;
+
+-- An operator re-opens map step p_map (retry_step_now on a map step in error; reset_task on one in error, skipped
+-- or cancelled) that has fanned out: it goes back to in_progress (not pending, which would fan out again), and
+-- its elements in error, cancelled or skipped go back to ready: with p_fresh (reset_task) to their first attempt,
+-- else (retry_step_now) one more attempt each, as for a step. They re-enter the window (held, then released in
+-- element order). Completed elements keep their outputs. The map step is locked by the caller; its elements are
+-- locked here, in ascending id, after it (the lock order's exception for map steps, docs/design-core.md).
+CREATE OR REPLACE FUNCTION stepready._map_reopen(p_map stepready.steps, p_fresh bool, p_as_of timestamptz,
+                                                 p_event text)
+RETURNS stepready.steps
+LANGUAGE plpgsql
+AS $fn$
+DECLARE
+    n stepready.steps;
+BEGIN
+    UPDATE stepready.steps SET state = 'in_progress', next_attempt_at = NULL, completed_at = NULL, updated_at = now()
+     WHERE id = p_map.id RETURNING * INTO n;
+    PERFORM 1 FROM stepready.steps e
+      WHERE e.map_step_id = p_map.id AND e.state IN ('error', 'cancelled', 'skipped') ORDER BY e.id FOR UPDATE;
+    WITH reopened AS (
+        UPDATE stepready.steps e
+           SET state = CASE WHEN p_fresh THEN 'pending' ELSE stepready._ready_state(e.attempts) END,
+               attempts = CASE WHEN p_fresh THEN 0 ELSE e.attempts END,
+               max_attempts = CASE WHEN NOT p_fresh AND e.state = 'error' THEN e.attempts + 1 ELSE e.max_attempts END,
+               retryable = CASE WHEN NOT p_fresh AND e.state = 'error' THEN true ELSE e.retryable END,
+               breaker_fingerprint = CASE WHEN p_fresh THEN NULL ELSE e.breaker_fingerprint END,
+               breaker_count = CASE WHEN p_fresh THEN 0 ELSE e.breaker_count END,
+               next_attempt_at = stepready._orphan_hold(e.lease_expires_at, p_as_of),
+               pending_parents = CASE WHEN p_map.map ? 'max_in_flight' THEN 1 ELSE 0 END,
+               updated_at = now()
+         WHERE e.map_step_id = p_map.id AND e.state IN ('error', 'cancelled', 'skipped')
+        RETURNING e.id, e.task_id, e.attempts, e.iteration, e.state,
+                  (SELECT o.state FROM stepready.steps o WHERE o.id = e.id) AS from_state
+    )
+    INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state, details, at)
+    SELECT r.task_id, r.id, r.attempts, r.iteration, p_event, r.from_state, r.state,
+           stepready._operator_details(jsonb_build_object('map_step_id', p_map.id)), p_as_of
+      FROM reopened r ORDER BY r.id;
+    IF p_map.map ? 'max_in_flight' THEN
+        PERFORM stepready._map_release(p_map.id, (p_map.map ->> 'max_in_flight')::int);
+    END IF;
+    RETURN n;
 END;
 $fn$;

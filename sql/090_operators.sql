@@ -222,6 +222,9 @@ BEGIN
            SET next_attempt_at = GREATEST(stepready._orphan_hold(lease_expires_at, p_as_of),
                                           CASE WHEN attempts = 0 AND t.run_at > p_as_of THEN t.run_at END)
          WHERE id = s.id RETURNING * INTO n;
+    ELSIF s.state = 'error' AND s.map_total IS NOT NULL THEN
+        -- A map step that fanned out (SPEC §19): its failed elements are retried, not the fan-out.
+        n := stepready._map_reopen(s, false, p_as_of, 'operator.retry_now');
     ELSIF s.state = 'error' THEN
         UPDATE stepready.steps
            SET state = stepready._ready_state(attempts),
@@ -300,6 +303,15 @@ BEGIN
     FOR s IN SELECT * FROM stepready.steps WHERE task_id = t.id AND state IN ('error', 'skipped', 'cancelled')
               ORDER BY id FOR UPDATE
     LOOP
+        CONTINUE WHEN s.map_step_id IS NOT NULL; -- an element: its map step's reset below reopens it
+        IF s.map_total IS NOT NULL THEN
+            -- A map step that fanned out (SPEC §19): back to in_progress, its elements to their first attempt.
+            PERFORM stepready._map_reopen(s, true, p_as_of, 'operator.reset');
+            PERFORM stepready._log(s, 'operator.reset', s.state, 'in_progress', stepready._operator_details('{}'),
+                                   p_as_of);
+            k := k + 1;
+            CONTINUE;
+        END IF;
         -- Back to its first attempt: not before the task's run_at (SPEC §15), nor before an earlier attempt that
         -- may still run has ended.
         UPDATE stepready.steps

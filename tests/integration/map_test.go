@@ -296,3 +296,76 @@ func TestMapMaxInFlightWindow(t *testing.T) {
 	b.requireState(ids["m"], "complete")
 	requireJSON(t, `[0, 1, 2, 3, 4]`, b.step(ids["m"]).Output, "output in element order")
 }
+
+// mapFailOne fans out map step m over four elements with a window of 2, completes element 0 and fails element 1
+// permanently (which ends the map); it returns the elements' ids in element order.
+func (b *lifecycleBundle) mapFailOne(ids map[string]int64, t0 time.Time) []int64 {
+	b.t.Helper()
+	require.Empty(b.t, b.mapClaimStart(10, t0))
+	rows := b.mapClaimStart(10, t0)
+	require.Len(b.t, rows, 2)
+	require.True(b.t, b.complete(rows[0].StepID, rows[0].Attempt, `"ok 0"`, t0))
+	require.Equal(b.t, "error", deref(b.fail(rows[1].StepID, rows[1].Attempt, `{"class": "permanent"}`, t0, 0).State))
+	b.requireState(ids["m"], "error")
+	require.Equal(b.t, []string{"complete", "error", "cancelled", "cancelled"}, b.mapStates(ids["m"]))
+	var els []int64
+	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT array_agg(id ORDER BY element_index) FROM stepready.steps
+		WHERE map_step_id = $1`, ids["m"]).Scan(&els))
+	return els
+}
+
+// mapFinish runs the map's remaining elements to completion (output "ok I") and requires the map complete with
+// every output in element order.
+func (b *lifecycleBundle) mapFinish(ids map[string]int64, asOf time.Time) {
+	b.t.Helper()
+	for i := 0; i < 10 && b.step(ids["m"]).State != "complete"; i++ {
+		rows := b.mapClaimStart(10, asOf)
+		require.NotEmpty(b.t, rows, "elements left: %v", b.mapStates(ids["m"]))
+		require.LessOrEqual(b.t, len(rows), 2, "the window holds after a retry")
+		for _, r := range rows {
+			require.NotNil(b.t, r.Index, "only elements before the map completes: %+v", r)
+			require.True(b.t, b.complete(r.StepID, r.Attempt, `"ok `+itoa(int64(*r.Index))+`"`, asOf))
+		}
+	}
+	b.requireState(ids["m"], "complete")
+	requireJSON(b.t, `["ok 0", "ok 1", "ok 2", "ok 3"]`, b.step(ids["m"]).Output, "output in element order")
+}
+
+func TestMapRetryStepNowRetriesFailedElements(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	taskID, ids := b.mapTask(`{"over": [0, 1, 2, 3], "max_in_flight": 2}`, `{}`, `{}`, t0)
+	els := b.mapFailOne(ids, t0)
+	b.requireStatus(taskID, "error")
+
+	b.exec(`SELECT stepready.retry_step_now($1, $2)`, ids["m"], t0)
+	b.requireState(ids["m"], "in_progress")
+	require.Equal(t, []string{"complete", "waiting_for_retry", "pending", "held"}, b.mapStates(ids["m"]),
+		"the failed element and the cancelled ones come back, in the window")
+	require.Equal(t, 2, b.step(els[1]).MaxAttempts, "one more attempt for the failed element")
+	b.requireStatus(taskID, "in_progress")
+	b.mapFinish(ids, t0)
+	var total, done, failed int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT map_total, map_done, map_failed FROM stepready.steps
+		WHERE id = $1`, ids["m"]).Scan(&total, &done, &failed))
+	require.Equal(t, []int{4, 4, 0}, []int{total, done, failed})
+}
+
+func TestMapResetTaskResetsElements(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	taskID, ids := b.mapTask(`{"over": [0, 1, 2, 3], "max_in_flight": 2}`, `{}`, `{}`, t0)
+	els := b.mapFailOne(ids, t0)
+
+	var k int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.reset_task($1, $2)`, taskID, t0).Scan(&k))
+	require.Equal(t, 1, k, "the map step counts as one step reset")
+	b.requireState(ids["m"], "in_progress")
+	require.Equal(t, []string{"complete", "pending", "pending", "held"}, b.mapStates(ids["m"]))
+	require.Equal(t, 0, b.step(els[1]).Attempts, "back to its first attempt")
+	requireJSON(t, `"ok 0"`, b.step(els[0]).Output, "a completed element keeps its output")
+	b.requireStatus(taskID, "in_progress")
+	b.mapFinish(ids, t0)
+}
