@@ -236,6 +236,14 @@ type stepKeys struct {
 	BreakerLimit  any        `yaml:"breaker_limit"`
 	Concurrency   *flowKeys  `yaml:"concurrency"`
 	RateLimit     *flowKeys  `yaml:"rate_limit"`
+	Map           *mapKeys   `yaml:"map"`
+}
+
+// mapKeys is a map step's fan-out (SPEC §19): what it maps over and its limits, which the database checks.
+type mapKeys struct {
+	Over        any `yaml:"over"`
+	MaxInFlight any `yaml:"max_in_flight"`
+	MaxElements any `yaml:"max_elements"`
 }
 
 // flowKeys is a concurrency or rate limit (SPEC §14): period_ms belongs to rate limits only, which the database
