@@ -45,7 +45,10 @@ func TestDemoPrintsTheLiveAccount(t *testing.T) {
 				// Data between steps (SPEC §18).
 				`dataflow#\d+ +report +completed`,
 				`dataflow#\d+ +complete +list: complete · pick: complete · report: complete`,
-				`summary: 5 tasks in `,
+				// Map steps: each element worked like a step, the map step's output in element order.
+				`fanout#\d+ +resize\[2\] +completed`,
+				`fanout#\d+ +complete +list: complete · resize: complete \(3 of 3 elements\) · join: complete`,
+				`summary: 6 tasks in `,
 				`flaky#\d+ +complete +call_api: complete after 3 attempts`,
 				`permanent#\d+ +error +charge_card: error after 1 attempt \(permanent, not retryable\) · ship_order: pending`,
 			} {

@@ -298,9 +298,9 @@ func (a *Account) summary(ctx context.Context, ids []int64) error {
 			taskID                    int64
 			task, status, step, state string
 			attempts                  int
-			class, reason             *string
+			class, reason, progress   *string
 		)
-		if err := rows.Scan(&taskID, &task, &status, &step, &state, &attempts, &class, &reason); err != nil {
+		if err := rows.Scan(&taskID, &task, &status, &step, &state, &attempts, &class, &reason, &progress); err != nil {
 			return fmt.Errorf("demo: read the summary: %w", err)
 		}
 		label := Task{ID: taskID, Name: task}.Label()
@@ -308,7 +308,10 @@ func (a *Account) summary(ctx context.Context, ids []int64) error {
 			lines = append(lines, &taskLine{label: label, status: status})
 		}
 		desc := step + ": " + state
-		if attempts > 1 || (attempts == 1 && state != "complete") {
+		if progress != nil {
+			// A map step: its elements' progress, not its own attempts.
+			desc += " (" + *progress + ")"
+		} else if attempts > 1 || (attempts == 1 && state != "complete") {
 			desc += fmt.Sprintf(" after %d attempt%s", attempts, plural(attempts))
 		}
 		if class != nil && reason != nil && (state == "error" || state == "skipped") {
