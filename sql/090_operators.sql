@@ -270,6 +270,24 @@ BEGIN
        SET state = 'resolved_manually', output = p_output, next_attempt_at = NULL, completed_at = p_as_of
      WHERE id = s.id
     RETURNING * INTO n;
+    IF s.map_total IS NOT NULL THEN
+        -- A map step (SPEC §19): its elements not yet terminal start no more (one in flight keeps its lease,
+        -- orphaned, as an operator's cancel leaves it). Locked after the map step, in ascending id.
+        PERFORM 1 FROM stepready.steps e WHERE e.map_step_id = s.id AND NOT stepready._is_terminal(e.state)
+          ORDER BY e.id FOR UPDATE;
+        WITH cancelled AS (
+            UPDATE stepready.steps e
+               SET state = 'cancelled', pending_parents = 0, next_attempt_at = NULL, completed_at = p_as_of
+             WHERE e.map_step_id = s.id AND NOT stepready._is_terminal(e.state)
+            RETURNING e.id, e.task_id, e.attempts, e.iteration,
+                      (SELECT o.state FROM stepready.steps o WHERE o.id = e.id) AS from_state
+        )
+        INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                           details, at)
+        SELECT c.task_id, c.id, c.attempts, c.iteration, 'step.cancelled', c.from_state, 'cancelled',
+               jsonb_build_object('reason', 'map step resolved', 'map_step_id', s.id), p_as_of
+          FROM cancelled c ORDER BY c.id;
+    END IF;
     PERFORM stepready._log(n, 'step.resolved', s.state, 'resolved_manually', stepready._orphan_details(s), p_as_of);
     PERFORM stepready._log(n, 'operator.resolve', s.state, 'resolved_manually',
         stepready._operator_details(jsonb_build_object('output', p_output)), p_as_of);

@@ -369,3 +369,25 @@ func TestMapResetTaskResetsElements(t *testing.T) {
 	b.requireStatus(taskID, "in_progress")
 	b.mapFinish(ids, t0)
 }
+
+func TestMapResolveStepCancelsItsElements(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	taskID, ids := b.mapTask(`{"over": [0, 1, 2, 3], "max_in_flight": 2}`, `{}`, `{}`, t0)
+	require.Empty(t, b.mapClaimStart(10, t0))
+	rows := b.mapClaimStart(10, t0)
+	require.Len(t, rows, 2)
+	require.True(t, b.complete(rows[0].StepID, rows[0].Attempt, `0`, t0))
+	b.exec(`SELECT stepready.resolve_step($1, '["by hand"]', $2)`, ids["m"], t0)
+	require.Equal(t, []string{"complete", "cancelled", "cancelled", "cancelled"}, b.mapStates(ids["m"]))
+	require.NotNil(t, b.step(rows[1].StepID).LeaseOwner, "the element in flight keeps its lease, orphaned")
+	// Its late completion changes nothing.
+	require.False(t, b.complete(rows[1].StepID, rows[1].Attempt, `1`, t0))
+	requireJSON(t, `["by hand"]`, b.step(ids["m"]).Output, "the operator's output")
+	rows = b.mapClaimStart(10, t0)
+	require.Len(t, rows, 1)
+	require.Equal(t, ids["join"], rows[0].StepID)
+	require.True(t, b.complete(ids["join"], rows[0].Attempt, `{}`, t0))
+	b.requireStatus(taskID, "complete")
+}
