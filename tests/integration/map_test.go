@@ -391,3 +391,43 @@ func TestMapResolveStepCancelsItsElements(t *testing.T) {
 	require.True(t, b.complete(ids["join"], rows[0].Attempt, `{}`, t0))
 	b.requireStatus(taskID, "complete")
 }
+
+// TestMapFansOut100000ElementsInOneStatement: the largest map (max_elements 100,000) fans out in the claim that
+// picks it, with one INSERT, and claiming from it reads the claim index like any ready steps.
+func TestMapFansOut100000ElementsInOneStatement(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 100,000 rows")
+	}
+	b := lifecycleSetup(t)
+	t0 := testBase
+	_, ids := b.task(`{"name": "big", "context": {"n": 100000}, "steps": [
+		{"name": "m", "handler": "work", "input": {"i": "${index}"},
+		 "map": {"over": "${context.items}", "max_elements": 100000}}]}`)
+	b.exec(`UPDATE stepready.tasks SET context = jsonb_build_object('items',
+		(SELECT jsonb_agg(g) FROM generate_series(1, 100000) g)) WHERE id = (SELECT task_id FROM stepready.steps
+		WHERE id = $1)`, ids["m"])
+	start := time.Now()
+	require.Empty(t, b.mapClaimStart(10, t0))
+	fanOut := time.Since(start)
+	var total, n int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT map_total, (SELECT count(*) FROM stepready.steps
+		WHERE map_step_id = $1) FROM stepready.steps WHERE id = $1`, ids["m"]).Scan(&total, &n))
+	require.Equal(t, 100000, total)
+	require.Equal(t, 100000, n)
+	// Every started row carries its task's context, as for any step: 600 kB of items would be the measure here.
+	b.exec(`UPDATE stepready.tasks SET context = '{}' WHERE id = (SELECT task_id FROM stepready.steps WHERE id = $1)`,
+		ids["m"])
+	b.exec(`ANALYZE stepready.steps`)
+
+	start = time.Now()
+	rows := b.mapClaimStart(100, t0)
+	claim := time.Since(start)
+	require.Len(t, rows, 100)
+	require.Equal(t, 0, *rows[0].Index)
+	requireJSON(t, `{"i": 99}`, &rows[99].Input, "the 100th element")
+	start = time.Now()
+	require.Len(t, b.mapClaimStart(100, t0), 100)
+	claim2 := time.Since(start)
+	t.Logf("fan-out of 100,000 elements: %v; claim and start of 100 of them: %v, then %v", fanOut, claim, claim2)
+	require.Less(t, claim2, time.Second, "claiming 100 elements reads 100 rows of the claim index")
+}
