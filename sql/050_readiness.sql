@@ -18,11 +18,12 @@ AS $$
         (4, 'terminal', 'it is finished: `complete`, `error`, `skipped`, `cancelled` or `resolved_manually`'),
         (5, 'in_flight', 'it is `enqueued` or `in_progress`, or an earlier attempt of it still holds an orphaned lease'),
         (6, 'waiting_for_dependencies', 'a parent does not satisfy the dependency (it is not `complete`, `resolved_manually` or `skipped`)'),
-        (7, 'not_retryable', 'it is not retryable and has had its attempt'),
-        (8, 'retries_exhausted', 'it has had its `max_attempts`'),
-        (9, 'backoff', 'its `next_attempt_at` is still to come: a retry''s backoff, or a delayed first attempt or iteration'),
-        (10, 'concurrency_limited', 'nothing of its own holds it, but its concurrency key has its limit of steps in flight'),
-        (11, 'rate_limited', 'nothing of its own holds it, but its rate key has no token until the next one arrives')
+        (7, 'map_window', 'it is an element of a map step that has its `max_in_flight` elements in flight: it starts when one of them ends, in element order'),
+        (8, 'not_retryable', 'it is not retryable and has had its attempt'),
+        (9, 'retries_exhausted', 'it has had its `max_attempts`'),
+        (10, 'backoff', 'its `next_attempt_at` is still to come: a retry''s backoff, or a delayed first attempt or iteration'),
+        (11, 'concurrency_limited', 'nothing of its own holds it, but its concurrency key has its limit of steps in flight'),
+        (12, 'rate_limited', 'nothing of its own holds it, but its rate key has no token until the next one arrives')
     ) AS v(rank, reason, meaning);
 $$;
 
@@ -48,8 +49,9 @@ AS $$
     ) AS v(rank, execution_status, meaning);
 $$;
 
--- Why a step is not ready for reasons of its own and of its task, or NULL: ranks 1 to 9 of readiness_reasons(),
--- in that order (flow control, ranks 10 and 11, is step_readiness's, for a step this returns NULL for). A step
+-- Why a step is not ready for reasons of its own and of its task, or NULL: ranks 1 to 6 and 8 to 10 of
+-- readiness_reasons(), in that order (a map's window, rank 7, and flow control, ranks 11 and 12, are
+-- step_readiness's, for a step this returns NULL for). A step
 -- made ready again while an attempt of it still runs (an orphaned lease: sql/046_leases.sql) is in_flight until
 -- that attempt ends.
 DROP FUNCTION IF EXISTS stepready._blocked_reason(text, bool, text, bool, int, int, bool, timestamptz, timestamptz);
@@ -104,15 +106,19 @@ AS $$
                par.total = par.satisfied AS dependencies_satisfied,
                stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable) AS retry_eligible,
                s.next_attempt_at,
-               COALESCE(stepready._blocked_reason(t.status, t.paused, t.run_at, s.state,
-                                                  par.total = par.satisfied, s.attempts, s.max_attempts,
-                                                  s.retryable, s.next_attempt_at, p_as_of, s.lease_expires_at),
-                        -- Flow control last (ranks 10, 11), only for a step that could otherwise start: it reads
+               CASE
+                   -- An element held out of its map's window (rank 7, sql/058_map.sql): after the reasons of
+                   -- ranks 1 to 6, before those of its own retry state.
+                   WHEN s.map_step_id IS NOT NULL AND s.pending_parents > 0
+                        AND COALESCE(b.reason, 'not_retryable') IN ('not_retryable', 'retries_exhausted', 'backoff')
+                       THEN 'map_window'
+                   ELSE COALESCE(b.reason,
+                        -- Flow control last (ranks 11, 12), only for a step that could otherwise start: it reads
                         -- the keys' state, which no other step needs.
                         CASE WHEN s.concurrency_key IS NOT NULL OR s.rate_key IS NOT NULL
                              THEN stepready._flow_blocked(s.concurrency_key, s.concurrency_limit, s.rate_key,
                                                           s.rate_limit, s.rate_period_ms, p_as_of) END)
-                   AS blocked_reason
+               END AS blocked_reason
           FROM stepready.steps s
           JOIN stepready.tasks t ON t.id = s.task_id
           -- Parents are read from the table, never from the (possibly filtered) result set.
@@ -123,6 +129,11 @@ AS $$
                 JOIN stepready.steps ps ON ps.id = e.parent_step_id
                WHERE e.child_step_id = s.id
           ) par
+         CROSS JOIN LATERAL (
+              SELECT stepready._blocked_reason(t.status, t.paused, t.run_at, s.state, par.total = par.satisfied,
+                                               s.attempts, s.max_attempts, s.retryable, s.next_attempt_at, p_as_of,
+                                               s.lease_expires_at) AS reason
+          ) b
          WHERE s.task_id = ANY (p_task_ids)
            AND (p_step_ids IS NULL OR s.id = ANY (p_step_ids))
       ) r

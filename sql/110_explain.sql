@@ -7,7 +7,8 @@
 -- read from it, and rows are ordered by it, so the first row of a step is always its blocked_reason. Each branch
 -- below tests one reason's condition on its own, in the list's order:
 --   task_not_active, task_paused, scheduled, terminal, in_flight: reported for every step;
---   waiting_for_dependencies (one row per parent that does not satisfy the dependency), not_retryable,
+--   waiting_for_dependencies (one row per parent that does not satisfy the dependency), map_window (an element
+--   held out of its map step's max_in_flight window), not_retryable,
 --   retries_exhausted, backoff (not when next_attempt_at is the task's run_at, reported as scheduled, or the end of
 --   an orphaned lease, reported as in_flight), concurrency_limited, rate_limited (both through _flow_refusal, the
 --   claim's rule): only for a step waiting to start (pending or waiting_for_retry). For a terminal or in-flight
@@ -53,7 +54,7 @@ LANGUAGE sql STABLE
 AS $$
     WITH s AS (
         SELECT s.id, s.task_id, s.name, s.state, s.attempts, s.max_attempts, s.retryable, s.next_attempt_at,
-               s.lease_owner, s.lease_expires_at,
+               s.lease_owner, s.lease_expires_at, s.map_total, s.map_step_id, s.pending_parents,
                t.status AS task_status, t.paused AS task_paused, t.run_at AS task_run_at,
                s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms,
                s.state IN ('pending', 'waiting_for_retry') AS waiting,
@@ -84,9 +85,17 @@ AS $$
           FROM s WHERE stepready._is_terminal(s.state)
         UNION ALL
         SELECT s.*, 'in_flight',
-               format('in flight: %s, attempt %s/%s', s.state,
-                      CASE WHEN s.state = 'in_progress' THEN s.attempts ELSE s.attempts + 1 END,
-                      COALESCE(s.max_attempts, 3)),
+               CASE WHEN s.map_total IS NOT NULL AND s.state = 'in_progress'
+                    -- A map step (sql/058_map.sql): its elements' progress.
+                    THEN (SELECT format('mapping: %s of %s elements complete, %s in flight, %s waiting for retry, '
+                                        '%s failed', count(*) FILTER (WHERE e.state IN ('complete', 'resolved_manually')),
+                                        s.map_total, count(*) FILTER (WHERE e.state IN ('enqueued', 'in_progress')),
+                                        count(*) FILTER (WHERE e.state = 'waiting_for_retry'),
+                                        count(*) FILTER (WHERE e.state = 'error'))
+                            FROM stepready.steps e WHERE e.map_step_id = s.id)
+                    ELSE format('in flight: %s, attempt %s/%s', s.state,
+                                CASE WHEN s.state = 'in_progress' THEN s.attempts ELSE s.attempts + 1 END,
+                                COALESCE(s.max_attempts, 3)) END,
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.state IN ('enqueued', 'in_progress')
         UNION ALL
@@ -109,6 +118,17 @@ AS $$
           JOIN stepready.step_edges e ON e.child_step_id = s.id
           JOIN stepready.steps ps ON ps.id = e.parent_step_id
          WHERE s.waiting AND NOT stepready._satisfies(ps.state)
+        UNION ALL
+        -- An element held out of its map's window (sql/058_map.sql).
+        SELECT s.*, 'map_window',
+               (SELECT format('waiting for a slot of map step `%s`: %s of %s in flight', m.name,
+                              (SELECT count(*) FROM stepready.steps f
+                                WHERE f.map_step_id = m.id AND f.pending_parents = 0
+                                  AND NOT stepready._is_terminal(f.state)),
+                              COALESCE(m.map ->> 'max_in_flight', '?'))
+                  FROM stepready.steps m WHERE m.id = s.map_step_id),
+               NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.waiting AND s.map_step_id IS NOT NULL AND s.pending_parents > 0
         UNION ALL
         SELECT s.*, 'not_retryable', 'not retryable after first attempt', NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND NOT s.eligible AND NOT COALESCE(s.retryable, true)

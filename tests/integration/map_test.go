@@ -269,6 +269,17 @@ func TestMapMaxInFlightWindow(t *testing.T) {
 	rows := b.mapClaimStart(10, t0)
 	require.Len(t, rows, 2, "no more than max_in_flight")
 	require.Empty(t, b.mapClaimStart(10, t0))
+	// Seen: the held elements' reason, the map step's progress.
+	var reason, message string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT r.blocked_reason, (SELECT e.message
+		FROM stepready.explain_step(r.step_id, $2) e LIMIT 1)
+		FROM stepready.step_readiness(ARRAY[(SELECT task_id FROM stepready.steps WHERE id = $1)], NULL, $2) r
+		WHERE r.name = 'm[2]'`, ids["m"], t0).Scan(&reason, &message))
+	require.Equal(t, "map_window", reason)
+	require.Equal(t, "waiting for a slot of map step `m`: 2 of 2 in flight", message)
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT message FROM stepready.explain_step($1, $2) LIMIT 1`,
+		ids["m"], t0).Scan(&message))
+	require.Equal(t, "mapping: 0 of 5 elements complete, 2 in flight, 0 waiting for retry, 0 failed", message)
 
 	// One completes: one slot, the next element in order.
 	require.True(t, b.complete(rows[0].StepID, rows[0].Attempt, `0`, t0))

@@ -79,7 +79,12 @@ func TestReadinessReasonsPrecedence(t *testing.T) {
 				attempts = 1, max_attempts = 1, retryable = false, next_attempt_at = $2`, at.Add(time.Hour))
 			b.setTask(task, `status = 'in_progress'`)
 		}},
-		{"not_retryable", func() { b.setStep(ids["p"], `state = 'complete', attempts = 1, completed_at = $2`, at) }},
+		{"map_window", func() {
+			// s becomes an element (of p, for the test) held out of its map's window.
+			b.setStep(ids["p"], `state = 'complete', attempts = 1, completed_at = $2`, at)
+			b.setStep(ids["s"], `map_step_id = $2, element_index = 0, pending_parents = 1`, ids["p"])
+		}},
+		{"not_retryable", func() { b.setStep(ids["s"], `map_step_id = NULL, element_index = NULL, pending_parents = 0`) }},
 		{"retries_exhausted", func() { b.setStep(ids["s"], `retryable = true`) }},
 		{"backoff", func() { b.setStep(ids["s"], `max_attempts = 3`) }},
 		{"concurrency_limited", func() { b.setStep(ids["s"], `next_attempt_at = NULL`) }},
