@@ -247,7 +247,8 @@ CREATE OR REPLACE TRIGGER steps_after_update
     FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_after_update();
 
 -- Inserted and deleted steps are counted once per statement, so defining a task of N steps updates its row
--- once, not N times (N updates of one row in one transaction cost O(N²)).
+-- once, not N times (N updates of one row in one transaction cost O(N²)). The elements of map steps are not
+-- counted (their map step stands for them: sql/058_map.sql).
 CREATE OR REPLACE FUNCTION stepready._steps_count_rows()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -263,7 +264,7 @@ BEGIN
                        (count(*) FILTER (WHERE NOT stepready._satisfies(state)))::int AS unsat,
                        (count(*) FILTER (WHERE state = 'error'))::int AS err,
                        bool_or(state IN ('enqueued', 'in_progress')) AS started, max(completed_at) AS at
-                  FROM changed_rows GROUP BY task_id) c;
+                  FROM changed_rows WHERE map_step_id IS NULL GROUP BY task_id) c;
     ELSE
         SELECT array_agg(task_id), array_agg(-total), array_agg(-unsat), array_agg(-err), array_agg(false),
                array_agg(NULL::timestamptz)
@@ -271,7 +272,7 @@ BEGIN
           FROM (SELECT task_id, count(*)::int AS total,
                        (count(*) FILTER (WHERE NOT stepready._satisfies(state)))::int AS unsat,
                        (count(*) FILTER (WHERE state = 'error'))::int AS err
-                  FROM changed_rows GROUP BY task_id) c;
+                  FROM changed_rows WHERE map_step_id IS NULL GROUP BY task_id) c;
     END IF;
     IF v_ids IS NOT NULL THEN
         PERFORM stepready._task_apply(v_ids, v_total, v_unsat, v_err, v_started, v_at);

@@ -442,3 +442,22 @@ func TestMapFansOut100000ElementsInOneStatement(t *testing.T) {
 	t.Logf("fan-out of 100,000 elements: %v; claim and start of 100 of them: %v, then %v", fanOut, claim, claim2)
 	require.Less(t, claim2, time.Second, "claiming 100 elements reads 100 rows of the claim index")
 }
+
+// TestMapElementsAreNotCountedInTheirTask: deleting elements (as the down migration does) leaves the task's
+// counters alone, as inserting them did.
+func TestMapElementsAreNotCountedInTheirTask(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	taskID, ids := b.mapTask(`{"over": [1, 2, 3]}`, `{}`, `{}`, t0)
+	require.Empty(t, b.mapClaimStart(10, t0))
+	counters := func() []int {
+		var total, unsat, inError int
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT steps_total, steps_unsatisfied, steps_in_error
+			FROM stepready.tasks WHERE id = $1`, taskID).Scan(&total, &unsat, &inError))
+		return []int{total, unsat, inError}
+	}
+	require.Equal(t, []int{3, 2, 0}, counters())
+	b.exec(`DELETE FROM stepready.steps WHERE map_step_id = $1`, ids["m"])
+	require.Equal(t, []int{3, 2, 0}, counters())
+}
