@@ -440,3 +440,23 @@ def test_deps_and_the_resolved_input_arrive_with_the_claim(db):
     assert seen["first"] == "a.csv"
     assert seen["element"] is None and seen["index"] == -1
     assert type(seen["missing"]).__name__ == "Permanent" and "deps.nope" in str(seen["missing"])
+
+
+def test_map_elements_arrive_with_their_element_and_index(db):
+    seen = {}
+
+    def listing(step):
+        return {"files": ["a.csv", "b.csv", "c.csv"]}
+
+    def each(step):
+        seen[step.element_index] = (step.name, step.element, step.input, step.deps)
+        return {"done": step.element}
+    task = create_task(db, {"name": "list", "handler": "listing"},
+                       {"name": "each", "handler": "each", "depends_on": ["list"],
+                        "input": {"file": "${element}", "at": "${index}"},
+                        "map": {"over": "${deps.list.files}", "max_in_flight": 2}})
+    with running_worker({"listing": listing, "each": each}):
+        each_row = wait_for("map complete", state_is(db, task, "each", "complete"))
+    assert seen[1] == ("each[1]", "b.csv", {"file": "b.csv", "at": 1}, {"list": {"files": ["a.csv", "b.csv", "c.csv"]}})
+    assert sorted(seen) == [0, 1, 2]
+    assert each_row["output"] == [{"done": "a.csv"}, {"done": "b.csv"}, {"done": "c.csv"}]
