@@ -7,6 +7,10 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -460,4 +464,110 @@ func TestMapElementsAreNotCountedInTheirTask(t *testing.T) {
 	require.Equal(t, []int{3, 2, 0}, counters())
 	b.exec(`DELETE FROM stepready.steps WHERE map_step_id = $1`, ids["m"])
 	require.Equal(t, []int{3, 2, 0}, counters())
+}
+
+// TestMapWindowHoldsAcrossConcurrentWorkers: four workers claim, start and complete elements of one map at once
+// (each element alone, as separate daemons do), and a sampler reads the committed number of elements in flight
+// all along: it never exceeds max_in_flight, and the output is whole and in element order.
+func TestMapWindowHoldsAcrossConcurrentWorkers(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	const n, window = 60, 3
+	items := make([]string, n)
+	for i := range items {
+		items[i] = itoa(int64(i))
+	}
+	_, ids := b.mapTask(`{"over": "${deps.list.items}", "max_in_flight": 3}`, `{"n": "${element}"}`,
+		`{"items": [`+strings.Join(items, ", ")+`]}`, t0)
+	require.Empty(t, b.mapClaimStart(10, t0))
+
+	done := make(chan struct{})
+	var maxSeen atomic.Int64
+	var sampler sync.WaitGroup
+	sampler.Add(1)
+	go func() {
+		defer sampler.Done()
+		for {
+			select {
+			case <-done:
+				return
+			default:
+			}
+			var inFlight int64
+			if err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM stepready.steps WHERE map_step_id = $1
+				AND state IN ('enqueued', 'in_progress')`, ids["m"]).Scan(&inFlight); err != nil {
+				return
+			}
+			for {
+				cur := maxSeen.Load()
+				if inFlight <= cur || maxSeen.CompareAndSwap(cur, inFlight) {
+					break
+				}
+			}
+		}
+	}()
+	var workers sync.WaitGroup
+	errs := make(chan error, 4)
+	for w := 0; w < 4; w++ {
+		workers.Add(1)
+		go func() {
+			defer workers.Done()
+			deadline := time.Now().Add(60 * time.Second)
+			for time.Now().Before(deadline) {
+				var state string
+				if err := b.db.Pool.QueryRow(b.ctx, `SELECT state FROM stepready.steps WHERE id = $1`, ids["m"]).
+					Scan(&state); err != nil {
+					errs <- err
+					return
+				}
+				if state != "in_progress" {
+					return
+				}
+				rows, err := b.db.Pool.Query(b.ctx, `SELECT step_id, attempt, element::text
+					FROM stepready.claim_and_start_steps(1, $1, 60000, $2)`, testWorker, t0)
+				if err != nil {
+					errs <- err
+					return
+				}
+				type started struct {
+					ID      int64
+					Attempt int
+					Element *string // NULL: the join, claimed once the map completed
+				}
+				got, err := pgx.CollectRows(rows, pgx.RowToStructByPos[started])
+				if err != nil {
+					errs <- err
+					return
+				}
+				for _, s := range got {
+					output := `{}`
+					if s.Element != nil {
+						output = `{"n": ` + *s.Element + `}`
+					}
+					if _, err := b.db.Pool.Exec(b.ctx, `SELECT stepready.complete_step($1, $2, $3::jsonb, $4)`,
+						s.ID, s.Attempt, output, t0); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+			errs <- fmt.Errorf("the map did not complete in time")
+		}()
+	}
+	workers.Wait()
+	close(done)
+	sampler.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+	b.requireState(ids["m"], "complete")
+	require.LessOrEqual(t, maxSeen.Load(), int64(window), "never more than max_in_flight in flight")
+	require.Positive(t, maxSeen.Load())
+	want := make([]string, n)
+	for i := range want {
+		want[i] = `{"n": ` + itoa(int64(i)) + `}`
+	}
+	requireJSON(t, "["+strings.Join(want, ", ")+"]", b.step(ids["m"]).Output, "every output once, in element order")
 }
