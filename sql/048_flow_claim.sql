@@ -24,6 +24,7 @@ CREATE OR REPLACE FUNCTION stepready._flow_next_rows(p_tp int, p_p int, p_after 
                                                      OUT p_keys text[], OUT p_ids bigint[])
 LANGUAGE plpgsql STABLE
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 -- Each probe must walk steps_claim_order_idx (steps_claim_route_idx) from the previous key: a plan that reads the
 -- claimable rows of another index and sorts them costs O(claimable rows) per key (measured: 600 ms for a claim of
 -- 1,000 keys).
@@ -228,6 +229,7 @@ CREATE OR REPLACE FUNCTION stepready._claim_flow_group(
     INOUT p_ids bigint[], INOUT p_states text[], INOUT p_cursor text, INOUT p_locked bool)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 -- Every per-key read is an index probe (steps_claim_order_idx, steps_in_flight_key_idx, flow_state's key): never a
 -- plan that reads a whole index or table once statistics make the tables look small.
 SET enable_seqscan = off
@@ -494,6 +496,7 @@ CREATE OR REPLACE FUNCTION stepready._claim_flow_keys(p_batch text[], p_first bi
 RETURNS stepready._claim_key[]
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$

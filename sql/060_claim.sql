@@ -17,6 +17,7 @@ CREATE OR REPLACE FUNCTION stepready._claim_routes(p_queues text[], p_handlers t
                                                    OUT p_rq text[], OUT p_rh text[])
 LANGUAGE plpgsql STABLE
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 -- Probes of steps_claim_route_idx only, whatever the statistics say.
 SET enable_seqscan = off
 SET enable_bitmapscan = off
@@ -113,6 +114,7 @@ LANGUAGE plpgsql
 -- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
 -- would re-plan every statement on every call (arrays make every custom plan look cheaper).
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 -- Every statement here is a probe or a range of steps_claim_order_idx (steps_claim_route_idx when routed). When
 -- statistics say most claimable rows are keyed, "is there a keyed row in this group?" was planned as a sequential
 -- scan that stops at the first match: it read every finished row before it (measured: 9 ms per claim after
@@ -283,6 +285,7 @@ CREATE OR REPLACE FUNCTION stepready._claim_route_range(p_tp int, p_p int, p_lim
                                                         INOUT p_ids bigint[], INOUT p_states text[])
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$
@@ -365,6 +368,7 @@ CREATE OR REPLACE FUNCTION stepready._claim_begin(p_limit int, p_worker text, p_
                                                   OUT p_details jsonb)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 DECLARE
     v_rq text[];
@@ -407,6 +411,7 @@ LANGUAGE plpgsql
 -- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
 -- would re-plan every statement on every call (arrays make every custom plan look cheaper).
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -473,6 +478,7 @@ LANGUAGE plpgsql
 -- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
 -- would re-plan every statement on every call (arrays make every custom plan look cheaper).
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 AS $$
 #variable_conflict use_column
 DECLARE

@@ -45,7 +45,8 @@ type RiverConfig struct {
 	Executor *worker.Executor
 	// Concurrency is both this process's River workers per queue and the bound on jobs waiting to be worked.
 	Concurrency int
-	// Queues are the River queues (steps.queue values) this process works. Default: ["default"].
+	// Queues are the River queues (steps.queue values) this process claims and works: its claims take steps of
+	// these queues only, whose handler Executor's registry has (SPEC §21). Default: ["default"].
 	Queues []string
 	// PollOnly disables River's LISTEN/NOTIFY. River's producers then find new jobs only by polling: every
 	// PollInterval, at most River's FetchPollIntervalDefault (1 s).
@@ -203,7 +204,9 @@ func (r *River) dispatch(ctx context.Context, limit int, oneByOne bool) (int, st
 	var n int
 	var due store.NextDue
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		claimed, nextDue, err := store.ClaimReadyStepsNextDue(ctx, tx, limit, r.cfg.Executor.Worker, r.cfg.Executor.Lease)
+		// Only what this process's River client works: its queues, and the handlers its registry has now.
+		claimed, nextDue, err := store.ClaimReadyStepsNextDue(ctx, tx, limit, r.cfg.Executor.Worker,
+			r.cfg.Executor.Lease, store.Routes{Queues: r.cfg.Queues, Handlers: r.cfg.Executor.Registry.Names()})
 		if err != nil || len(claimed) == 0 {
 			due = nextDue
 			return err
