@@ -49,13 +49,13 @@ BEGIN
             SELECT x.flow_key, x.id INTO v_after, v_id
               FROM unnest(p_rq, p_rh) AS r(q, h)
              CROSS JOIN LATERAL (
-                   SELECT s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due, s.id
+                   SELECT s.flow_key, GREATEST(s.next_attempt_at, '-infinity'::timestamptz) AS due, s.id
                      FROM stepready.steps s
                     WHERE s.queue = r.q AND s.handler = r.h
                       AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
                       AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key >= ''
                     ORDER BY s.queue, s.handler, s.task_priority, s.priority, s.flow_key,
-                             COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                             GREATEST(s.next_attempt_at, '-infinity'::timestamptz), s.id
                     LIMIT 1) x
              ORDER BY x.flow_key, x.due, x.id LIMIT 1;
         END IF;
@@ -102,14 +102,14 @@ BEGIN
                       FROM (SELECT y.flow_key, y.id
                               FROM unnest(p_rq, p_rh) AS r(q, h)
                              CROSS JOIN LATERAL (
-                                   SELECT s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due, s.id
+                                   SELECT s.flow_key, GREATEST(s.next_attempt_at, '-infinity'::timestamptz) AS due, s.id
                                      FROM stepready.steps s
                                     WHERE s.queue = r.q AND s.handler = r.h
                                       AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
                                       AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
                                       AND s.flow_key > v_after
                                     ORDER BY s.queue, s.handler, s.task_priority, s.priority, s.flow_key,
-                                             COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                                             GREATEST(s.next_attempt_at, '-infinity'::timestamptz), s.id
                                     LIMIT 1) y
                              ORDER BY y.flow_key, y.due, y.id LIMIT 1) m
                     UNION ALL
@@ -119,14 +119,14 @@ BEGIN
                            SELECT y.flow_key, y.id
                              FROM unnest(p_rq, p_rh) AS r(q, h)
                             CROSS JOIN LATERAL (
-                                  SELECT s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due, s.id
+                                  SELECT s.flow_key, GREATEST(s.next_attempt_at, '-infinity'::timestamptz) AS due, s.id
                                     FROM stepready.steps s
                                    WHERE s.queue = r.q AND s.handler = r.h
                                      AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
                                      AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
                                      AND s.flow_key > k.key
                                    ORDER BY s.queue, s.handler, s.task_priority, s.priority, s.flow_key,
-                                            COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                                            GREATEST(s.next_attempt_at, '-infinity'::timestamptz), s.id
                                    LIMIT 1) y
                             ORDER BY y.flow_key, y.due, y.id LIMIT 1) m
                      WHERE k.n < p_max - cardinality(p_keys)
@@ -344,7 +344,7 @@ BEGIN
                         UNION ALL
                         SELECT * FROM (
                             SELECT * FROM (
-                                SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due,
+                                SELECT s.id, s.state, GREATEST(s.next_attempt_at, '-infinity'::timestamptz) AS due,
                                        s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit,
                                        s.rate_period_ms
                                   FROM stepready.steps s
@@ -353,7 +353,7 @@ BEGIN
                                    AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
                                    AND NOT s.task_held
                                    AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = (k[v.i]).key
-                                   AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                                   AND GREATEST(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
                                    AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
                                    FOR UPDATE SKIP LOCKED) a
                             UNION ALL
@@ -363,28 +363,28 @@ BEGIN
                                   FROM (SELECT y.id, y.due
                                           FROM unnest(p_rq, p_rh) AS rt(q, h)
                                          CROSS JOIN LATERAL (
-                                               SELECT s2.id, COALESCE(s2.next_attempt_at, '-infinity'::timestamptz) AS due
+                                               SELECT s2.id, GREATEST(s2.next_attempt_at, '-infinity'::timestamptz) AS due
                                                  FROM stepready.steps s2
                                                 WHERE s2.queue = rt.q AND s2.handler = rt.h
                                                   AND s2.state IN ('pending', 'waiting_for_retry')
                                                   AND s2.pending_parents = 0 AND NOT s2.task_held
                                                   AND s2.task_priority = p_tp AND s2.priority = p_p
                                                   AND s2.flow_key = (k[v.i]).key
-                                                  AND (COALESCE(s2.next_attempt_at, '-infinity'::timestamptz), s2.id)
+                                                  AND (GREATEST(s2.next_attempt_at, '-infinity'::timestamptz), s2.id)
                                                       > ((k[v.i]).pos_due, (k[v.i]).pos_id)
-                                                  AND COALESCE(s2.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                                                  AND GREATEST(s2.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
                                                   AND stepready.retry_eligible(s2.attempts, s2.max_attempts,
                                                                                s2.retryable)
                                                 ORDER BY s2.queue, s2.handler, s2.task_priority, s2.priority,
                                                          s2.flow_key,
-                                                         COALESCE(s2.next_attempt_at, '-infinity'::timestamptz), s2.id
+                                                         GREATEST(s2.next_attempt_at, '-infinity'::timestamptz), s2.id
                                                 LIMIT v_q) y) m
                                   JOIN stepready.steps s ON s.id = m.id
                                  WHERE s.queue = ANY (p_rq) AND s.handler = ANY (p_rh)
                                    AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
                                    AND NOT s.task_held
                                    AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = (k[v.i]).key
-                                   AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                                   AND GREATEST(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
                                    AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
                                  ORDER BY m.due, m.id
                                  LIMIT v_q

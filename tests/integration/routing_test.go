@@ -238,49 +238,64 @@ func TestClaimRoutingKeepsFlowLimitsAndFairness(t *testing.T) {
 	require.Equal(t, []int{2, 2, 2, 2}, inFlight)
 }
 
-// The cost of a filtered claim follows the ready steps that match it: a claim of 100 steps of one handler reads
-// about the same with 1,000,000 ready steps of other handlers in the table as with 10,000, and about what it takes
-// (SPEC §21). Steps of other handlers in the same queue and of other queues, keyed and not, in the same
-// priorities as the claimed ones.
+// The cost of a filtered claim follows the ready steps that match it (SPEC §21): a claim of 100 steps of one
+// handler reads the same number of steps rows with 200,000 ready steps of other handlers in the table as with
+// 10,000, and about what it takes. The others are steps of other handlers in the same queue and in another queue,
+// keyed and not, in the same priorities as the claimed ones. (Benchmark scenario 12a times the same claim behind
+// 1,000,000; loading that many rows here would add two minutes to the suite.)
 func TestClaimRoutingCostFollowsMatchingSteps(t *testing.T) {
-	if testing.Short() {
-		t.Skip("loads 1,000,000 steps")
-	}
 	t.Parallel()
-	read := func(others int) (int64, int64) {
+	read := func(others int) int64 {
 		b := lifecycleSetup(t)
 		b.exec(`INSERT INTO stepready.tasks (name) VALUES ('t')`)
-		// Drop and recreate the indexes around the load: much faster than maintaining them row by row.
 		started := time.Now()
 		b.exec(`INSERT INTO stepready.steps (task_id, name, handler, queue, concurrency_key, concurrency_limit)
 		        SELECT 1, 'o' || g, 'other' || (g % 5), (ARRAY['default', 'media'])[1 + g % 2],
 		               CASE WHEN g % 3 = 0 THEN 'k' || (g % 50) END, CASE WHEN g % 3 = 0 THEN 1000000 END
 		          FROM generate_series(1, $1) g`, others)
-		b.exec(`INSERT INTO stepready.steps (task_id, name, handler)
-		        SELECT 1, 'm' || g, 'mine' FROM generate_series(1, 200) g`)
+		// Each of its own task: the claim's update of a task (pending to in_progress) reads that task's steps.
+		b.exec(`WITH t AS (INSERT INTO stepready.tasks (name) SELECT 'mine' FROM generate_series(1, 200) RETURNING id)
+		        INSERT INTO stepready.steps (task_id, name, handler) SELECT t.id, 'm', 'mine' FROM t`)
 		b.exec(`VACUUM ANALYZE stepready.steps`)
 		t.Logf("%d other steps loaded in %s", others, time.Since(started))
 		conn := b.db.Conn(t)
-		claim := `SELECT count(*) FROM stepready.claim_ready_steps(100, 'w', 60000, $1, ARRAY['default'], ARRAY['mine'])`
-		// Once to plan the statements.
-		_, err := conn.Exec(b.ctx, `BEGIN`)
-		require.NoError(t, err)
-		_, err = conn.Exec(b.ctx, claim, testBase)
-		require.NoError(t, err)
-		_, err = conn.Exec(b.ctx, `ROLLBACK`)
-		require.NoError(t, err)
-		before := stepsTuplesRead(t, conn)
-		begin := time.Now()
-		var n int
-		require.NoError(t, conn.QueryRow(b.ctx, claim, testBase).Scan(&n))
-		took := time.Since(begin)
-		require.Equal(t, 100, n)
-		tuples := stepsTuplesRead(t, conn) - before
-		t.Logf("a claim of 100 of 'mine' behind %d other ready steps: %d tuples of steps read, %s", others, tuples, took)
-		return tuples, took.Microseconds()
+		var total int64
+		// Both filters, then the handler alone (each claims 100 of the 200).
+		for _, claim := range []string{
+			`SELECT count(*) FROM stepready.claim_ready_steps(100, 'w', 60000, $1, ARRAY['default'], ARRAY['mine'])`,
+			`SELECT count(*) FROM stepready.claim_ready_steps(100, 'w', 60000, $1, NULL, ARRAY['mine'])`,
+		} {
+			// Once to plan the statements.
+			_, err := conn.Exec(b.ctx, `BEGIN`)
+			require.NoError(t, err)
+			_, err = conn.Exec(b.ctx, claim, testBase)
+			require.NoError(t, err)
+			_, err = conn.Exec(b.ctx, `ROLLBACK`)
+			require.NoError(t, err)
+			// Counted by this session's own counters (pg_stat_get_xact_*: what it read and has not reported yet, so no
+			// other session's reads, reported late, count in), before and after the claim.
+			const readSQL = `SELECT pg_catalog.pg_stat_get_xact_tuples_returned('stepready.steps'::regclass)
+				       + (SELECT COALESCE(sum(pg_catalog.pg_stat_get_xact_tuples_returned(i.indexrelid)), 0)
+				            FROM pg_catalog.pg_index i WHERE i.indrelid = 'stepready.steps'::regclass)`
+			tx, err := conn.Begin(b.ctx)
+			require.NoError(t, err)
+			var before, after int64
+			require.NoError(t, tx.QueryRow(b.ctx, readSQL).Scan(&before))
+			begin := time.Now()
+			var n int
+			require.NoError(t, tx.QueryRow(b.ctx, claim, testBase).Scan(&n))
+			took := time.Since(begin)
+			require.Equal(t, 100, n)
+			require.NoError(t, tx.QueryRow(b.ctx, readSQL).Scan(&after))
+			tuples := after - before
+			require.NoError(t, tx.Rollback(b.ctx))
+			t.Logf("%s behind %d other ready steps: %d tuples of steps read, %s", claim, others, tuples, took)
+			require.LessOrEqual(t, tuples, int64(2*100+50), "the claim read far more than it took")
+			total += tuples
+		}
+		return total
 	}
-	small, _ := read(10_000)
-	large, _ := read(1_000_000)
-	require.LessOrEqual(t, large, small+20, "the claim read more as other handlers' steps grew")
-	require.LessOrEqual(t, large, int64(2*100+50), "the claim read far more than it took")
+	small := read(10_000)
+	large := read(200_000)
+	require.LessOrEqual(t, large, small+20, "the claims read more as other handlers' steps grew")
 }
