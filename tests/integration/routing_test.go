@@ -49,7 +49,7 @@ func routedClaim(t *testing.T, b *lifecycleBundle, limit int, queues, handlers [
 // expectedClaimOrder is the claim order of the ready steps that match the filters, computed from its definition
 // (docs/design-core.md, "Fairness across claims"), for a claim that starts the fairness ring from its beginning,
 // meets no limit and takes every matching step: task priority desc, step priority desc, then within a group
-// round 1 (the first step of every key in key order, '' first), then what is left of each key in key order, each
+// round 1 (the first step of every key in key order, ” first), then what is left of each key in key order, each
 // key's steps by due time, then id.
 func expectedClaimOrder(t *testing.T, b *lifecycleBundle, queues, handlers []string) []int64 {
 	t.Helper()
