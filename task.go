@@ -8,6 +8,8 @@ import (
 	"strings"
 	"unicode/utf8"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/rules"
 )
@@ -44,12 +46,29 @@ type Created struct {
 	Created bool
 }
 
-// CreateTasks creates the tasks of many definitions at once with stepready.create_tasks (SPEC §12): one
-// statement for the whole batch, all or nothing. The result has one entry per definition, in order. Each
-// definition is checked as CreateTask checks one (UTF-8, then the outcome rules compiled), and every error
-// names the definition's 0-based index: `definitions[3]: steps[1] "load": rules[0].when: …`. Idempotency keys
-// repeated within the batch, or already used, return the existing task with Created false. An empty slice
-// creates nothing and returns an empty result. db is a pool, a connection or a transaction.
+// createTasksBatch and createTasksBatchBytes bound one create_tasks call of CreateTasks: at most 1,000
+// definitions (the size at which a call's fixed costs are spread thin: creating 4-step chains costs about 10 %
+// more per task in calls of 100, twice as much in calls of 10) and at most 8 MiB of JSON (a larger definition goes
+// alone). Variables so that tests can make batches small.
+var (
+	createTasksBatch      = 1000
+	createTasksBatchBytes = 8 << 20
+)
+
+// CreateTasks creates the tasks of many definitions with stepready.create_tasks (SPEC §12). The result has one
+// entry per definition, in order. Each definition is checked as CreateTask checks one (UTF-8, then valid JSON
+// and the outcome rules compiled), all of them before anything is sent; every error names the definition's 0-based
+// index: `definitions[3]: steps[1] "load": rules[0].when: …`. Idempotency keys repeated in the input, or already
+// used, return the existing task with Created false. An empty slice creates nothing and returns an empty result.
+// db is a pool, a connection or a transaction.
+//
+// Inputs of any size: the definitions are sent in batches of at most 1,000 definitions and 8 MiB, one
+// create_tasks statement each, in input order. Each batch is all or nothing and follows the idempotency rules
+// above, keys of earlier batches included (their tasks exist by then). With a transaction as db, the batches
+// are all part of it: the whole input is all or nothing. With a pool or a connection each batch commits on its
+// own: when one fails, the batches before it stay created, and CreateTasks returns their results with the error
+// (nothing of the failing batch or after it is written); creating the same input again with idempotency keys
+// resumes where it stopped.
 func CreateTasks(ctx context.Context, db DBTX, definitions []json.RawMessage) ([]Created, error) {
 	if len(definitions) == 0 {
 		return []Created{}, nil
@@ -59,29 +78,46 @@ func CreateTasks(ctx context.Context, db DBTX, definitions []json.RawMessage) ([
 			return nil, fmt.Errorf("%w: definitions[%d]: definition: not valid UTF-8 (at byte %d)",
 				ErrInvalidDefinition, i, invalidUTF8At(definition))
 		}
+		// Also parses the definition: JSON that is not valid is reported here, naming it.
 		if err := rules.Validate(definition); err != nil {
 			return nil, fmt.Errorf("%w: definitions[%d]: %w", ErrInvalidDefinition, i, err)
 		}
 	}
-	batch, err := json.Marshal(definitions)
-	if err != nil {
-		// A definition that is not JSON at all: say which.
-		for i, definition := range definitions {
-			if !json.Valid(definition) {
-				return nil, fmt.Errorf("%w: definitions[%d]: definition: not valid JSON", ErrInvalidDefinition, i)
+	out := make([]Created, 0, len(definitions))
+	var batch []byte
+	for start := 0; start < len(definitions); {
+		// The batch: at least one definition, then as many as fit.
+		batch = append(batch[:0], '[')
+		end := start
+		for end < len(definitions) && end-start < createTasksBatch &&
+			(end == start || len(batch)+len(definitions[end])+1 <= createTasksBatchBytes) {
+			if end > start {
+				batch = append(batch, ',')
 			}
+			batch = append(batch, definitions[end]...)
+			end++
 		}
-		return nil, fmt.Errorf("%w: %w", ErrInvalidDefinition, err)
+		batch = append(batch, ']')
+		created, err := createBatch(ctx, db, batch, end-start)
+		if err != nil {
+			return out, createError(renumber(err, start))
+		}
+		out = append(out, created...)
+		start = end
 	}
-	// As json.RawMessage, not []byte: pgx sends a []byte as bytea in the query modes that do not ask the server
-	// for the parameter's type (exec, simple protocol: the modes that work through a transaction pooler).
+	return out, nil
+}
+
+// createBatch runs create_tasks on one JSON array of n definitions. The array goes as json.RawMessage: in pgx's
+// exec and simple protocol modes (the ones that work through PgBouncer) a []byte would go as bytea.
+func createBatch(ctx context.Context, db DBTX, batch []byte, n int) ([]Created, error) {
 	rows, err := db.Query(ctx, `SELECT ordinal, task_id, created FROM stepready.create_tasks($1)`,
 		json.RawMessage(batch))
 	if err != nil {
-		return nil, createError(err)
+		return nil, err
 	}
 	defer rows.Close()
-	out := make([]Created, 0, len(definitions))
+	out := make([]Created, 0, n)
 	for rows.Next() {
 		var ordinal int
 		var c Created
@@ -91,12 +127,30 @@ func CreateTasks(ctx context.Context, db DBTX, definitions []json.RawMessage) ([
 		out = append(out, c)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, createError(err)
+		return nil, err
 	}
-	if len(out) != len(definitions) {
-		return nil, fmt.Errorf("stepready: create tasks: %d rows for %d definitions", len(out), len(definitions))
+	if len(out) != n {
+		return nil, fmt.Errorf("stepready: create tasks: %d rows for %d definitions", len(out), n)
 	}
 	return out, nil
+}
+
+// renumber turns the `definitions[i]` of a create_tasks error about a batch that starts at definition offset into
+// the index in the caller's input. The error stays a *pgconn.PgError with its SQLSTATE.
+func renumber(err error, offset int) error {
+	var pgErr *pgconn.PgError
+	if offset == 0 || !errors.As(err, &pgErr) {
+		return err
+	}
+	var i int
+	var rest string
+	if n, _ := fmt.Sscanf(pgErr.Message, "definitions[%d]", &i); n != 1 {
+		return err
+	}
+	_, rest, _ = strings.Cut(pgErr.Message, "]")
+	renumbered := *pgErr
+	renumbered.Message = fmt.Sprintf("definitions[%d]%s", offset+i, rest)
+	return &renumbered
 }
 
 // createError classifies an error of the creation functions: class 22 (data exception) is the definition's

@@ -4,12 +4,14 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
 
 	"cel.dev/cel-go/cel"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
@@ -148,6 +150,69 @@ func TestCreateTaskInEveryQueryMode(t *testing.T) {
 			require.Equal(t, 3, names)
 		})
 	}
+}
+
+// TestCreateTasksInBatches: an input larger than a batch is created in several create_tasks calls, in order,
+// with idempotency across batches; an error in a later batch names the definition's index in the whole input;
+// with a pool the batches before it stay created and are returned, with a transaction nothing stays; running
+// the corrected input again resumes by its idempotency keys. (Not parallel: it makes batches of 3.)
+func TestCreateTasksInBatches(t *testing.T) {
+	restore := stepready.SetCreateTasksBatch(3)
+	defer restore()
+	db := pgtest.New(t)
+	ctx := context.Background()
+	def := func(i int, key string, deps string) json.RawMessage {
+		return json.RawMessage(fmt.Sprintf(`{"name": "t%d", "idempotency_key": %q, "steps": [{"name": "a", "handler": "h"},
+			{"name": "b", "handler": "h", "depends_on": [%s]}]}`, i, key, deps))
+	}
+	defs := make([]json.RawMessage, 8)
+	for i := range defs {
+		defs[i] = def(i, fmt.Sprintf("k%d", i), `"a"`)
+	}
+	defs[5] = def(5, "k1", `"a"`)    // the key of definitions[1], in another batch
+	defs[7] = def(7, "k7", `"nope"`) // invalid, in the third batch
+	count := func() int {
+		var n int
+		require.NoError(t, db.Pool.QueryRow(ctx, `SELECT count(*) FROM stepready.tasks`).Scan(&n))
+		return n
+	}
+
+	// In a transaction: all or nothing, whatever the batches.
+	tx, err := db.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = stepready.CreateTasks(ctx, tx, defs)
+	require.ErrorIs(t, err, stepready.ErrInvalidDefinition)
+	require.NoError(t, tx.Rollback(ctx))
+	require.Zero(t, count())
+
+	// With a pool: the first two batches are created and returned, the third is not.
+	got, err := stepready.CreateTasks(ctx, db.Pool, defs)
+	require.ErrorIs(t, err, stepready.ErrInvalidDefinition)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "22023", pgErr.Code)
+	require.Equal(t, `definitions[7]: steps[1] "b": depends_on: unknown step "nope"`, pgErr.Message)
+	require.Len(t, got, 6)
+	require.Equal(t, stepready.Created{TaskID: got[1].TaskID, Created: false}, got[5], "a key of an earlier batch")
+	for i, c := range got {
+		require.Equal(t, i != 5, c.Created, "definitions[%d]", i)
+		if i > 0 {
+			require.Greater(t, c.TaskID, got[0].TaskID, "ids follow input order")
+		}
+	}
+	require.Equal(t, 5, count())
+
+	// Corrected and sent again: the keys find what the first run created, the rest is created.
+	defs[7] = def(7, "k7", `"a"`)
+	again, err := stepready.CreateTasks(ctx, db.Pool, defs)
+	require.NoError(t, err)
+	require.Len(t, again, 8)
+	for i := range 6 {
+		require.Equal(t, stepready.Created{TaskID: got[i].TaskID}, again[i], "definitions[%d]", i)
+	}
+	require.True(t, again[6].Created)
+	require.True(t, again[7].Created)
+	require.Equal(t, 7, count())
 }
 
 // Issue 25: a value River or the Go runtime would refuse later is an invalid definition now, through the library

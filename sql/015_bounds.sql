@@ -3,9 +3,9 @@
 -- InsertManyTx for one bad queue name, a timeout beyond a Go time.Duration wraps to a deadline already past, and a
 -- period or delay beyond it overflows the interval arithmetic of the claim and the failure decision (22008) for
 -- every step at once. So each bound is checked where the value is written, with a message naming the step and the
--- field: by the definition checks (_check_definition, the task_templates trigger), by the steps insert trigger
--- (plain INSERTs), and by CHECK constraints of the same bounds (migration 000010), which hold for every row
--- whatever wrote it. Each rule is one function below; the CHECK constraints spell the same expressions, and
+-- field: by the definition checks (_validate_definitions: create_task(s), the task_templates trigger), by
+-- the steps insert trigger (plain INSERTs), and by CHECK constraints of the same bounds (migration 000010),
+-- which hold for every row whatever wrote it. Each rule is one function below; the CHECK constraints spell the same expressions, and
 -- TestBoundsAgreeWithTheirConstraints keeps the two in step.
 --
 -- Each *_problem function returns NULL for an acceptable value (NULL included) and otherwise what is wrong with

@@ -1,5 +1,13 @@
 -- Policy validation and materialization (SPEC §3): every step row carries its resolved retry policy, so a later
 -- edit of a preset affects only steps inserted afterwards and readiness never joins presets.
+--
+-- Each rule of a definition's fields is written once, as a *_problem function: NULL when the value is acceptable,
+-- else what is wrong with it ("must be an integer >= 0, got -1"). The set-based validation of create_tasks
+-- (sql/100_definitions.sql) evaluates them for every definition of a call in a few statements, and the raising
+-- wrappers (_json_integer, _validate_retry, …) serve the plain-SQL path's triggers with the same messages. The
+-- problem functions are LANGUAGE sql with a single expression and no subquery, so the planner inlines them into the
+-- statements that use them: no function call per value. A subquery that only an error needs sits in a function of
+-- its own, called from an ELSE branch.
 
 -- Raises a definition error: SQLSTATE 22023, message "<where>: <what>".
 CREATE OR REPLACE FUNCTION stepready._definition_error(p_where text, p_what text)
@@ -11,82 +19,157 @@ BEGIN
 END;
 $$;
 
+-- A JSON integer in [p_min, p_max]; JSON null and absent are fine.
+CREATE OR REPLACE FUNCTION stepready._integer_problem(p_value jsonb, p_min numeric,
+                                                      p_max numeric DEFAULT 9223372036854775807)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        WHEN p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN NULL
+        WHEN jsonb_typeof(p_value) <> 'number' THEN format('must be an integer >= %s, got %s', p_min, p_value)
+        WHEN p_value::numeric <> trunc(p_value::numeric) OR p_value::numeric < p_min
+            THEN format('must be an integer >= %s, got %s', p_min, p_value)
+        WHEN p_value::numeric > p_max THEN format('must be an integer <= %s, got %s', p_max, p_value)
+    END;
+$$;
+
+-- A JSON integer number of milliseconds in [p_min, _max_duration_ms()] (sql/015_bounds.sql: the longest duration
+-- a Go time.Duration holds); JSON null and absent are fine. The bound's message comes from _duration_problem,
+-- called only for a value beyond it.
+CREATE OR REPLACE FUNCTION stepready._duration_ms_problem(p_value jsonb, p_min bigint)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT COALESCE(stepready._integer_problem(p_value, p_min),
+                    CASE WHEN jsonb_typeof(p_value) = 'number' AND p_value::numeric > 9223372036854
+                         THEN stepready._duration_problem(p_value::numeric, p_min) END);
+$$;
+
+-- A JSON number in [p_min, p_max]; JSON null and absent are fine. Compared as the exact JSON number, so that no
+-- value can overflow on the way; a number other than 0 that a float8 cannot hold (it would round to 0: below
+-- half the smallest subnormal, 4.9e-324) is out of range too, rather than an error of the cast without a field.
+CREATE OR REPLACE FUNCTION stepready._number_problem(p_value jsonb, p_min float8, p_max float8)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        WHEN p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN NULL
+        WHEN jsonb_typeof(p_value) <> 'number' OR p_value::numeric < p_min::numeric
+             OR p_value::numeric > p_max::numeric
+             OR (p_value::numeric <> 0 AND abs(p_value::numeric) < 2.4703282292062328e-324)
+            THEN format('must be a number between %s and %s, got %s', p_min, p_max, p_value)
+    END;
+$$;
+
+-- A JSON string, non-empty unless p_allow_empty; JSON null and absent are fine.
+CREATE OR REPLACE FUNCTION stepready._text_problem(p_value jsonb, p_allow_empty bool DEFAULT false)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE jsonb_typeof(p_value)
+        WHEN 'string' THEN CASE WHEN NOT p_allow_empty AND p_value #>> '{}' = ''
+                                THEN format('must be a non-empty string, got %s', p_value) END
+        WHEN 'null' THEN NULL
+        ELSE CASE WHEN p_value IS NOT NULL THEN format('must be a non-empty string, got %s', p_value) END
+    END;
+$$;
+
+-- A JSON boolean; JSON null and absent are fine.
+CREATE OR REPLACE FUNCTION stepready._bool_problem(p_value jsonb)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        WHEN p_value IS NULL OR jsonb_typeof(p_value) IN ('null', 'boolean') THEN NULL
+        ELSE format('must be true or false, got %s', p_value)
+    END;
+$$;
+
+-- The message for the first key of p_object (in key order) that is not in p_allowed. Only ever called for an
+-- object that has one (see _unknown_keys_problem): its query would keep the caller from being inlined. (Such
+-- helpers are PL/pgSQL: a LANGUAGE sql function that is not inlined is parsed and planned again at every call.)
+CREATE OR REPLACE FUNCTION stepready._unknown_key_message(p_object jsonb, p_allowed text[])
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT format('unknown field "%s" (allowed: %s)', min(k), array_to_string(p_allowed, ', '))
+              FROM jsonb_object_keys(p_object) AS k
+             WHERE k <> ALL (p_allowed));
+END;
+$$;
+
+-- Keys of the JSON object p_object that are not in p_allowed (the caller has checked that it is an object). The
+-- common case, every key allowed, is one expression.
+CREATE OR REPLACE FUNCTION stepready._unknown_keys_problem(p_object jsonb, p_allowed text[])
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE WHEN p_object - p_allowed = '{}'::jsonb THEN NULL
+                ELSE stepready._unknown_key_message(p_object, p_allowed) END;
+$$;
+
+-- The raising forms, for the plain-SQL path's triggers and the checks outside definitions (fail_step's retry
+-- override): each raises "<p_where>: <problem>" and returns the value.
+
 -- A JSON integer in [p_min, p_max], or NULL for JSON null / absent. Anything else is a definition error.
 CREATE OR REPLACE FUNCTION stepready._json_integer(p_value jsonb, p_where text, p_min numeric,
                                                    p_max numeric DEFAULT 9223372036854775807)
 RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v numeric;
+    v_problem text := stepready._integer_problem(p_value, p_min, p_max);
 BEGIN
-    IF p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN
-        RETURN NULL;
+    IF v_problem IS NOT NULL THEN
+        PERFORM stepready._definition_error(p_where, v_problem);
     END IF;
-    IF jsonb_typeof(p_value) <> 'number' THEN
-        PERFORM stepready._definition_error(p_where, format('must be an integer >= %s, got %s', p_min, p_value));
-    END IF;
-    v := p_value::text::numeric;
-    IF v <> trunc(v) OR v < p_min THEN
-        PERFORM stepready._definition_error(p_where, format('must be an integer >= %s, got %s', p_min, p_value));
-    ELSIF v > p_max THEN
-        PERFORM stepready._definition_error(p_where, format('must be an integer <= %s, got %s', p_max, p_value));
-    END IF;
-    RETURN v::bigint;
+    RETURN CASE WHEN jsonb_typeof(p_value) = 'number' THEN p_value::numeric::bigint END;
 END;
 $$;
 
 -- A JSON integer number of milliseconds in [p_min, _max_duration_ms()] (sql/015_bounds.sql), or NULL for JSON
--- null / absent. Anything else is a definition error.
+-- null / absent (the raising form of _duration_ms_problem). Anything else is a definition error.
 CREATE OR REPLACE FUNCTION stepready._json_duration_ms(p_value jsonb, p_where text, p_min bigint)
 RETURNS bigint
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v bigint := stepready._json_integer(p_value, p_where, p_min);
+    v_problem text := stepready._duration_ms_problem(p_value, p_min);
 BEGIN
-    IF v > 9223372036854 THEN
-        PERFORM stepready._definition_error(p_where, stepready._duration_problem(v, p_min));
+    IF v_problem IS NOT NULL THEN
+        PERFORM stepready._definition_error(p_where, v_problem);
     END IF;
-    RETURN v;
+    RETURN CASE WHEN jsonb_typeof(p_value) = 'number' THEN p_value::numeric::bigint END;
 END;
 $$;
 
 -- A JSON number in [p_min, p_max], or NULL for JSON null / absent.
 CREATE OR REPLACE FUNCTION stepready._json_number(p_value jsonb, p_where text, p_min float8, p_max float8)
 RETURNS float8
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v float8;
+    v_problem text := stepready._number_problem(p_value, p_min, p_max);
 BEGIN
-    IF p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN
-        RETURN NULL;
+    IF v_problem IS NOT NULL THEN
+        PERFORM stepready._definition_error(p_where, v_problem);
     END IF;
-    IF jsonb_typeof(p_value) <> 'number' THEN
-        PERFORM stepready._definition_error(p_where,
-            format('must be a number between %s and %s, got %s', p_min, p_max, p_value));
-    END IF;
-    v := p_value::text::float8;
-    IF v < p_min OR v > p_max THEN
-        PERFORM stepready._definition_error(p_where,
-            format('must be a number between %s and %s, got %s', p_min, p_max, p_value));
-    END IF;
-    RETURN v;
+    RETURN CASE WHEN jsonb_typeof(p_value) = 'number' THEN p_value::numeric::float8 END;
 END;
 $$;
 
 -- A JSON string (NULL for JSON null / absent), non-empty unless p_allow_empty.
 CREATE OR REPLACE FUNCTION stepready._json_text(p_value jsonb, p_where text, p_allow_empty bool DEFAULT false)
 RETURNS text
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+    v_problem text := stepready._text_problem(p_value, p_allow_empty);
 BEGIN
-    IF p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN
-        RETURN NULL;
-    END IF;
-    IF jsonb_typeof(p_value) <> 'string' OR (NOT p_allow_empty AND p_value #>> '{}' = '') THEN
-        PERFORM stepready._definition_error(p_where, format('must be a non-empty string, got %s', p_value));
+    IF v_problem IS NOT NULL THEN
+        PERFORM stepready._definition_error(p_where, v_problem);
     END IF;
     RETURN p_value #>> '{}';
 END;
@@ -95,74 +178,100 @@ $$;
 -- A JSON boolean, or NULL for JSON null / absent.
 CREATE OR REPLACE FUNCTION stepready._json_bool(p_value jsonb, p_where text)
 RETURNS bool
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-BEGIN
-    IF p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN
-        RETURN NULL;
-    END IF;
-    IF jsonb_typeof(p_value) <> 'boolean' THEN
-        PERFORM stepready._definition_error(p_where, format('must be true or false, got %s', p_value));
-    END IF;
-    RETURN p_value::text::bool;
-END;
-$$;
-
--- Rejects keys of p_object that are not in p_allowed.
-CREATE OR REPLACE FUNCTION stepready._reject_unknown_keys(p_object jsonb, p_allowed text[], p_where text)
-RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_key text;
+    v_problem text := stepready._bool_problem(p_value);
 BEGIN
-    -- The common case, every key allowed, as one expression (no query: this runs for every step created).
-    IF jsonb_typeof(p_object) = 'object' AND p_object - p_allowed = '{}'::jsonb THEN
-        RETURN;
+    IF v_problem IS NOT NULL THEN
+        PERFORM stepready._definition_error(p_where, v_problem);
     END IF;
-    SELECT k INTO v_key FROM jsonb_object_keys(p_object) AS k WHERE k <> ALL (p_allowed) ORDER BY k LIMIT 1;
-    IF v_key IS NOT NULL THEN
-        PERFORM stepready._definition_error(p_where,
-            format('unknown field "%s" (allowed: %s)', v_key, array_to_string(p_allowed, ', ')));
+    RETURN CASE WHEN jsonb_typeof(p_value) = 'boolean' THEN p_value::bool END;
+END;
+$$;
+
+-- Rejects keys of the JSON object p_object that are not in p_allowed.
+CREATE OR REPLACE FUNCTION stepready._reject_unknown_keys(p_object jsonb, p_allowed text[], p_where text)
+RETURNS void
+LANGUAGE plpgsql STABLE
+AS $$
+DECLARE
+    v_problem text := stepready._unknown_keys_problem(p_object, p_allowed);
+BEGIN
+    IF v_problem IS NOT NULL THEN
+        PERFORM stepready._definition_error(p_where, v_problem);
     END IF;
 END;
 $$;
 
--- Validates a retry object ({policy, max_attempts, retryable, backoff, base_delay_ms, multiplier, max_delay_ms,
--- jitter}) and returns it unchanged. p_where prefixes every message ("steps[0] \"fetch\": retry").
+-- Every retry preset as one JSON object {name: {max_attempts, retryable, …}}: what the set-based validation and
+-- create_tasks resolve presets from (the table holds a handful of rows; it is read once per call).
+CREATE OR REPLACE FUNCTION stepready._presets()
+RETURNS jsonb
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT COALESCE(jsonb_object_agg(p.name, to_jsonb(p) - 'name'), '{}') FROM stepready.retry_policies p);
+END;
+$$;
+
+-- The message for a preset name that p_presets does not hold (only called then: it reads the table again to list
+-- the known ones).
+CREATE OR REPLACE FUNCTION stepready._unknown_preset_message(p_name text)
+RETURNS text
+LANGUAGE plpgsql STABLE
+AS $$
+BEGIN
+    RETURN (SELECT format('unknown preset "%s" (known: %s)', p_name, string_agg(name, ', ' ORDER BY name))
+              FROM stepready.retry_policies);
+END;
+$$;
+
+-- What is wrong with a retry object ({policy, max_attempts, retryable, backoff, base_delay_ms, multiplier,
+-- max_delay_ms, jitter}), as a whole message: p_where (as "steps[0] \"fetch\": retry") with the field appended.
+-- Presets are looked up in p_presets (_presets()). NULL when it is fine, JSON null and absent included.
+CREATE OR REPLACE FUNCTION stepready._retry_problem(p_retry jsonb, p_where text, p_presets jsonb)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        WHEN p_retry IS NULL OR jsonb_typeof(p_retry) = 'null' THEN NULL
+        WHEN jsonb_typeof(p_retry) <> 'object' THEN format('%s: must be an object, got %s', p_where, p_retry)
+        ELSE COALESCE(
+            p_where || ': ' || stepready._unknown_keys_problem(p_retry,
+                ARRAY['policy', 'max_attempts', 'retryable', 'backoff', 'base_delay_ms', 'multiplier', 'max_delay_ms',
+                      'jitter']),
+            p_where || '.policy: ' || stepready._text_problem(p_retry -> 'policy'),
+            CASE WHEN p_retry ->> 'policy' IS NOT NULL AND NOT p_presets ? (p_retry ->> 'policy')
+                 THEN p_where || '.policy: ' || stepready._unknown_preset_message(p_retry ->> 'policy') END,
+            p_where || '.max_attempts: ' || stepready._integer_problem(p_retry -> 'max_attempts', 0, 2147483647),
+            p_where || '.retryable: ' || stepready._bool_problem(p_retry -> 'retryable'),
+            p_where || '.backoff: ' || stepready._text_problem(p_retry -> 'backoff'),
+            CASE WHEN p_retry ->> 'backoff' NOT IN ('none', 'fixed', 'linear', 'exponential')
+                 THEN format('%s.backoff: unknown strategy "%s" (known: none, fixed, linear, exponential)', p_where,
+                             p_retry ->> 'backoff') END,
+            p_where || '.base_delay_ms: ' || stepready._duration_ms_problem(p_retry -> 'base_delay_ms', 0),
+            p_where || '.multiplier: ' || stepready._number_problem(p_retry -> 'multiplier', 1, 1e300),
+            p_where || '.max_delay_ms: ' || stepready._duration_ms_problem(p_retry -> 'max_delay_ms', 0),
+            p_where || '.jitter: ' || stepready._number_problem(p_retry -> 'jitter', 0, 1))
+    END;
+$$;
+
+-- Validates a retry object and returns it unchanged (the raising form of _retry_problem).
 CREATE OR REPLACE FUNCTION stepready._validate_retry(p_retry jsonb, p_where text)
 RETURNS jsonb
 LANGUAGE plpgsql STABLE
 AS $$
 DECLARE
-    v_policy  text;
-    v_backoff text;
+    v_problem text;
 BEGIN
     IF p_retry IS NULL OR jsonb_typeof(p_retry) = 'null' THEN
         RETURN NULL;
     END IF;
-    IF jsonb_typeof(p_retry) <> 'object' THEN
-        PERFORM stepready._definition_error(p_where, format('must be an object, got %s', p_retry));
+    v_problem := stepready._retry_problem(p_retry, p_where, stepready._presets());
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem USING ERRCODE = '22023';
     END IF;
-    PERFORM stepready._reject_unknown_keys(p_retry,
-        ARRAY['policy', 'max_attempts', 'retryable', 'backoff', 'base_delay_ms', 'multiplier', 'max_delay_ms',
-              'jitter'], p_where);
-    v_policy := stepready._json_text(p_retry -> 'policy', p_where || '.policy');
-    IF v_policy IS NOT NULL AND NOT EXISTS (SELECT 1 FROM stepready.retry_policies WHERE name = v_policy) THEN
-        PERFORM stepready._definition_error(p_where || '.policy', format('unknown preset "%s" (known: %s)',
-            v_policy, (SELECT string_agg(name, ', ' ORDER BY name) FROM stepready.retry_policies)));
-    END IF;
-    PERFORM stepready._json_integer(p_retry -> 'max_attempts', p_where || '.max_attempts', 0, 2147483647);
-    PERFORM stepready._json_bool(p_retry -> 'retryable', p_where || '.retryable');
-    v_backoff := stepready._json_text(p_retry -> 'backoff', p_where || '.backoff');
-    IF v_backoff IS NOT NULL AND v_backoff NOT IN ('none', 'fixed', 'linear', 'exponential') THEN
-        PERFORM stepready._definition_error(p_where || '.backoff',
-            format('unknown strategy "%s" (known: none, fixed, linear, exponential)', v_backoff));
-    END IF;
-    PERFORM stepready._json_duration_ms(p_retry -> 'base_delay_ms', p_where || '.base_delay_ms', 0);
-    PERFORM stepready._json_number(p_retry -> 'multiplier', p_where || '.multiplier', 1, 1e300);
-    PERFORM stepready._json_duration_ms(p_retry -> 'max_delay_ms', p_where || '.max_delay_ms', 0);
-    PERFORM stepready._json_number(p_retry -> 'jitter', p_where || '.jitter', 0, 1);
     RETURN p_retry;
 END;
 $$;
@@ -177,9 +286,14 @@ BEGIN
 END;
 $$;
 
+-- Not called for a NULL retry (nothing to check), nor for the rows of create_tasks (validated already:
+-- sql/018_validated_write.sql).
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER tasks_validate_retry
     BEFORE INSERT OR UPDATE OF retry ON stepready.tasks
-    FOR EACH ROW EXECUTE FUNCTION stepready._tasks_validate_retry();
+    FOR EACH ROW WHEN (NEW.retry IS NOT NULL AND NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._tasks_validate_retry()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;
 
 -- Fills defaults and the materialized policy of a new step, and checks every value with a message that names
 -- the step. Resolution per field: step column → step preset → task retry field → task retry.policy preset →
@@ -340,6 +454,11 @@ BEGIN
 END;
 $$;
 
+-- The plain-SQL path's (SPEC §2). create_tasks writes its rows complete and validated, and the trigger is not
+-- called for them (sql/018_validated_write.sql).
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER steps_materialize
     BEFORE INSERT ON stepready.steps
-    FOR EACH ROW EXECUTE FUNCTION stepready._steps_materialize();
+    FOR EACH ROW WHEN (NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._steps_materialize()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;

@@ -17,7 +17,8 @@ AS $$
     SELECT p_state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually');
 $$;
 
--- Rejects an edge across tasks, a self-edge, and an edge that would close a cycle, naming both steps.
+-- Rejects an edge whose steps do not exist (23503, as the foreign keys that step_edges no longer has), an edge
+-- across tasks, a self-edge, and an edge that would close a cycle, naming both steps.
 --
 -- Every lookup here is by key, and must stay so whatever the statistics say. A row trigger's plans are made once
 -- per session, for the first row: loading many edges in one statement into an empty (or unanalyzed) step_edges,
@@ -39,12 +40,14 @@ BEGIN
         RAISE EXCEPTION 'step_edges rows cannot be updated: delete the edge and insert a new one'
             USING ERRCODE = '0A000';
     END IF;
-    SELECT * INTO p FROM stepready.steps WHERE id = NEW.parent_step_id;
+    -- Both steps are locked against deletion until the edge commits (KEY SHARE, what a foreign key takes:
+    -- step_edges has none since schema version 11).
+    SELECT * INTO p FROM stepready.steps WHERE id = NEW.parent_step_id FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'edge % -> %: parent step % does not exist', NEW.parent_step_id, NEW.child_step_id,
             NEW.parent_step_id USING ERRCODE = '23503';
     END IF;
-    SELECT * INTO c FROM stepready.steps WHERE id = NEW.child_step_id;
+    SELECT * INTO c FROM stepready.steps WHERE id = NEW.child_step_id FOR KEY SHARE;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'edge "%" -> %: child step % does not exist', p.name, NEW.child_step_id,
             NEW.child_step_id USING ERRCODE = '23503';
@@ -74,9 +77,15 @@ BEGIN
 END;
 $$;
 
+-- Not called for the edges of create_tasks: its set-based validation has checked every DAG of the call (names,
+-- references, cycles) before writing, and its steps belong to tasks nobody else can see yet
+-- (sql/018_validated_write.sql).
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER step_edges_validate
     BEFORE INSERT OR UPDATE ON stepready.step_edges
-    FOR EACH ROW EXECUTE FUNCTION stepready._step_edges_validate();
+    FOR EACH ROW WHEN (NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._step_edges_validate()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;
 
 -- Keeps steps.pending_parents equal to the number of unsatisfied parents as edges come and go. Once per
 -- statement: a fan-in of N parents updates its child once, not N times.
@@ -116,15 +125,53 @@ BEGIN
 END;
 $$;
 
+-- create_tasks writes its steps with their pending_parents already counted, and its edges skip this trigger
+-- (sql/018_validated_write.sql): the children are not updated a second time.
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER step_edges_count_inserted
     AFTER INSERT ON stepready.step_edges
     REFERENCING NEW TABLE AS changed_edges
-    FOR EACH STATEMENT EXECUTE FUNCTION stepready._step_edges_count();
+    FOR EACH STATEMENT WHEN (NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._step_edges_count()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;
 
 CREATE OR REPLACE TRIGGER step_edges_count_deleted
     AFTER DELETE ON stepready.step_edges
     REFERENCING OLD TABLE AS changed_edges
     FOR EACH STATEMENT EXECUTE FUNCTION stepready._step_edges_count();
+
+-- Deleted steps take their edges along, as ON DELETE CASCADE did before schema version 11 (step_edges has no
+-- foreign keys: see migrations/000011_edges_without_foreign_keys.up.sql): once per statement, both directions by
+-- index (the primary key leads with the parent, step_edges_child_idx with the child). Deleting the edges fires
+-- step_edges_count_deleted, which recounts the pending parents of the children that remain. A TRUNCATE of steps
+-- empties step_edges.
+CREATE OR REPLACE FUNCTION stepready._steps_delete_edges()
+RETURNS trigger
+LANGUAGE plpgsql
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
+SET jit = off
+AS $$
+BEGIN
+    IF TG_OP = 'TRUNCATE' THEN
+        DELETE FROM stepready.step_edges;
+        RETURN NULL;
+    END IF;
+    DELETE FROM stepready.step_edges e USING gone g WHERE e.parent_step_id = g.id;
+    DELETE FROM stepready.step_edges e USING gone g WHERE e.child_step_id = g.id;
+    RETURN NULL;
+END;
+$$;
+
+CREATE OR REPLACE TRIGGER steps_delete_edges
+    AFTER DELETE ON stepready.steps
+    REFERENCING OLD TABLE AS gone
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_delete_edges();
+
+CREATE OR REPLACE TRIGGER steps_truncate_edges
+    AFTER TRUNCATE ON stepready.steps
+    FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_delete_edges();
 
 -- When a parent's satisfaction changes, so does every child's count: the statement trigger steps_after_update
 -- (sql/040_task_status.sql) applies it, once per statement. The row trigger of earlier versions goes.

@@ -245,10 +245,14 @@ BEGIN
 END;
 $$;
 
+-- create_tasks writes its tasks with their counters already set (sql/018_validated_write.sql).
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER steps_count_inserted
     AFTER INSERT ON stepready.steps
     REFERENCING NEW TABLE AS changed_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_count_rows();
+    FOR EACH STATEMENT WHEN (NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._steps_count_rows()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;
 
 CREATE OR REPLACE TRIGGER steps_count_deleted
     AFTER DELETE ON stepready.steps

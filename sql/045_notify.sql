@@ -41,7 +41,11 @@ BEGIN
 END;
 $$;
 
+-- create_tasks notifies the tasks it creates itself (sql/018_validated_write.sql).
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER steps_notify
     AFTER INSERT ON stepready.steps
     REFERENCING NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_notify();
+    FOR EACH STATEMENT WHEN (NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._steps_notify()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;

@@ -9,10 +9,10 @@
 -- group of steps without a key).
 
 -- Substitutes the ${context.PATH} and ${input.PATH} placeholders of a key (PATH: dot-separated, each part a JSON
--- object field or array index). A missing path, a non-scalar value or a malformed placeholder is a definition
--- error naming p_where and the placeholder.
-CREATE OR REPLACE FUNCTION stepready._flow_resolve_key(p_key text, p_context jsonb, p_input jsonb, p_where text)
-RETURNS text
+-- object field or array index). A missing path, a non-scalar value or a malformed placeholder is a problem,
+-- returned instead of the value (which is then NULL); a key without placeholders comes back as it is.
+CREATE OR REPLACE FUNCTION stepready._flow_substitute(p_key text, p_context jsonb, p_input jsonb,
+                                                      OUT value text, OUT problem text)
 LANGUAGE plpgsql IMMUTABLE
 AS $$
 DECLARE
@@ -26,15 +26,16 @@ DECLARE
     v_path  text[];
 BEGIN
     IF p_key IS NULL OR strpos(p_key, '${') = 0 THEN
-        RETURN p_key;
+        value := p_key;
+        RETURN;
     END IF;
     LOOP
         v_pos := strpos(v_rest, '${');
         EXIT WHEN v_pos = 0;
         v_end := strpos(substr(v_rest, v_pos), '}');
         IF v_end = 0 THEN
-            PERFORM stepready._definition_error(p_where,
-                format('unterminated placeholder "%s"', substr(v_rest, v_pos)));
+            problem := format('unterminated placeholder "%s"', substr(v_rest, v_pos));
+            RETURN;
         END IF;
         v_ph := substr(v_rest, v_pos + 2, v_end - 3);
         IF v_ph ~ '^context\.[^.]+(\.[^.]+)*$' THEN
@@ -42,67 +43,96 @@ BEGIN
         ELSIF v_ph ~ '^input\.[^.]+(\.[^.]+)*$' THEN
             v_root := p_input;
         ELSE
-            PERFORM stepready._definition_error(p_where,
-                format('placeholder "${%s}" must be ${context.PATH} or ${input.PATH}', v_ph));
+            problem := format('placeholder "${%s}" must be ${context.PATH} or ${input.PATH}', v_ph);
+            RETURN;
         END IF;
         v_path := (string_to_array(v_ph, '.'))[2:];
         v_val := v_root #> v_path;
         IF v_val IS NULL OR jsonb_typeof(v_val) = 'null' THEN
-            PERFORM stepready._definition_error(p_where, format('placeholder "${%s}": no value at that path', v_ph));
+            problem := format('placeholder "${%s}": no value at that path', v_ph);
+            RETURN;
         END IF;
         IF jsonb_typeof(v_val) IN ('object', 'array') THEN
-            PERFORM stepready._definition_error(p_where,
-                format('placeholder "${%s}": must be a string, number or boolean, got %s', v_ph,
-                       jsonb_typeof(v_val)));
+            problem := format('placeholder "${%s}": must be a string, number or boolean, got %s', v_ph,
+                              jsonb_typeof(v_val));
+            RETURN;
         END IF;
         v_out := v_out || substr(v_rest, 1, v_pos - 1) || (v_val #>> '{}');
         v_rest := substr(v_rest, v_pos + v_end);
     END LOOP;
     v_out := v_out || v_rest;
     IF v_out = '' THEN
-        PERFORM stepready._definition_error(p_where, format('key "%s" resolves to an empty string', p_key));
+        problem := format('key "%s" resolves to an empty string', p_key);
+        RETURN;
     END IF;
-    RETURN v_out;
+    value := v_out;
 END;
 $$;
 
--- Checks a definition's `concurrency` ({key, limit}) or `rate_limit` ({key, limit, period_ms}) object, and its
--- placeholders against the task context and step input when both are given (NULL: shape only).
+-- A key with its placeholders substituted (_flow_substitute); a problem is a definition error naming p_where.
+CREATE OR REPLACE FUNCTION stepready._flow_resolve_key(p_key text, p_context jsonb, p_input jsonb, p_where text)
+RETURNS text
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    r record;
+BEGIN
+    IF p_key IS NULL OR strpos(p_key, '${') = 0 THEN
+        RETURN p_key;
+    END IF;
+    r := stepready._flow_substitute(p_key, p_context, p_input);
+    IF r.problem IS NOT NULL THEN
+        PERFORM stepready._definition_error(p_where, r.problem);
+    END IF;
+    RETURN r.value;
+END;
+$$;
+
+-- What is wrong with a definition's `concurrency` ({key, limit}) or `rate_limit` ({key, limit, period_ms})
+-- object, as a whole message starting with p_where; with p_context not NULL, its key's placeholders are also
+-- checked against the task context and p_input (the step input). NULL when it is fine, absent or JSON null.
+CREATE OR REPLACE FUNCTION stepready._flow_problem(p_value jsonb, p_kind text, p_where text, p_context jsonb,
+                                                   p_input jsonb)
+RETURNS text
+LANGUAGE sql STABLE
+AS $$
+    SELECT CASE
+        WHEN p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN NULL
+        WHEN jsonb_typeof(p_value) <> 'object' THEN format('%s: must be an object {key, limit%s}, got %s', p_where,
+            CASE WHEN p_kind = 'rate_limit' THEN ', period_ms' ELSE '' END, jsonb_typeof(p_value))
+        ELSE COALESCE(
+            p_where || ': ' || stepready._unknown_keys_problem(p_value,
+                CASE WHEN p_kind = 'rate_limit' THEN ARRAY['key', 'limit', 'period_ms'] ELSE ARRAY['key', 'limit'] END),
+            p_where || ': key: ' || stepready._text_problem(p_value -> 'key'),
+            CASE WHEN p_value ->> 'key' IS NULL THEN p_where || ': key: is required' END,
+            p_where || ': limit: ' || stepready._integer_problem(p_value -> 'limit', 1, 2147483647),
+            CASE WHEN p_value ->> 'limit' IS NULL THEN p_where || ': limit: is required' END,
+            CASE WHEN p_kind = 'rate_limit' THEN COALESCE(
+                p_where || ': period_ms: ' || stepready._duration_ms_problem(p_value -> 'period_ms', 1),
+                CASE WHEN p_value ->> 'period_ms' IS NULL THEN p_where || ': period_ms: is required' END) END,
+            -- The key as it will be stored (sql/015_bounds.sql): substituted when the context and input are known,
+            -- else checked as written when it has no placeholder.
+            CASE WHEN strpos(p_value ->> 'key', '${') = 0
+                     THEN p_where || ': key: ' || stepready._name_problem(p_value ->> 'key')
+                 WHEN p_context IS NOT NULL
+                     THEN p_where || ': key: ' || COALESCE(
+                              (stepready._flow_substitute(p_value ->> 'key', p_context, p_input)).problem,
+                              stepready._name_problem(
+                                  (stepready._flow_substitute(p_value ->> 'key', p_context, p_input)).value)) END)
+    END;
+$$;
+
+-- Checks a definition's `concurrency` or `rate_limit` object (the raising form of _flow_problem).
 CREATE OR REPLACE FUNCTION stepready._flow_validate(p_value jsonb, p_kind text, p_where text,
                                                     p_context jsonb, p_input jsonb)
 RETURNS void
-LANGUAGE plpgsql IMMUTABLE
+LANGUAGE plpgsql STABLE
 AS $$
+DECLARE
+    v_problem text := stepready._flow_problem(p_value, p_kind, p_where, p_context, p_input);
 BEGIN
-    IF p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN
-        RETURN;
-    END IF;
-    IF jsonb_typeof(p_value) <> 'object' THEN
-        PERFORM stepready._definition_error(p_where, format('must be an object {key, limit%s}, got %s',
-            CASE WHEN p_kind = 'rate_limit' THEN ', period_ms' ELSE '' END, jsonb_typeof(p_value)));
-    END IF;
-    IF p_kind = 'rate_limit' THEN
-        PERFORM stepready._reject_unknown_keys(p_value, ARRAY['key', 'limit', 'period_ms'], p_where);
-    ELSE
-        PERFORM stepready._reject_unknown_keys(p_value, ARRAY['key', 'limit'], p_where);
-    END IF;
-    IF stepready._json_text(p_value -> 'key', p_where || ': key') IS NULL THEN
-        PERFORM stepready._definition_error(p_where || ': key', 'is required');
-    END IF;
-    IF stepready._json_integer(p_value -> 'limit', p_where || ': limit', 1, 2147483647) IS NULL THEN
-        PERFORM stepready._definition_error(p_where || ': limit', 'is required');
-    END IF;
-    IF p_kind = 'rate_limit'
-       AND stepready._json_duration_ms(p_value -> 'period_ms', p_where || ': period_ms', 1) IS NULL THEN
-        PERFORM stepready._definition_error(p_where || ': period_ms', 'is required');
-    END IF;
-    -- The key as it will be stored (sql/015_bounds.sql): substituted when the context and input are known, else
-    -- checked as written when it has no placeholder.
-    IF p_context IS NOT NULL THEN
-        PERFORM stepready._bound_check(stepready._name_problem(
-            stepready._flow_resolve_key(p_value ->> 'key', p_context, p_input, p_where || ': key')), p_where, 'key');
-    ELSIF strpos(p_value ->> 'key', '${') = 0 THEN
-        PERFORM stepready._bound_check(stepready._name_problem(p_value ->> 'key'), p_where, 'key');
+    IF v_problem IS NOT NULL THEN
+        RAISE EXCEPTION '%', v_problem USING ERRCODE = '22023';
     END IF;
 END;
 $$;

@@ -1,40 +1,10 @@
 -- Delayed start (SPEC §15): tasks.run_at. No step of a task is claimable before its run_at. The rule is carried
 -- by the steps' next_attempt_at (SPEC §2: it also delays a first attempt): _steps_materialize (020_policy.sql)
--- sets it to run_at for every step inserted pending with no attempt yet, and the trigger below moves it when
+-- sets it to run_at for every step inserted pending with no attempt yet (create_tasks writes it so itself, and
+-- parses run_at: _run_at_problem, 100_definitions.sql), and the trigger below moves it when
 -- run_at changes. So the claim index, claim_ready_steps and next_claim_at work unchanged and stay O(ready); a
 -- task scheduled for next year is one index entry per step, skipped inside the index, until then.
 -- step_readiness reports `scheduled` (050_readiness.sql) and explain says when (110_explain.sql).
-
--- Parses an RFC 3339 timestamp from a definition field ("2026-11-24T02:30:00Z", "…+01:00", fractional seconds
--- allowed; the offset is required so the instant never depends on the session's time zone). NULL for an absent
--- or null field; any other value is a definition error naming p_where.
-CREATE OR REPLACE FUNCTION stepready._json_run_at(p_value jsonb, p_where text)
-RETURNS timestamptz
-LANGUAGE plpgsql IMMUTABLE
-AS $$
-DECLARE
-    v_text text;
-BEGIN
-    IF p_value IS NULL OR jsonb_typeof(p_value) = 'null' THEN
-        RETURN NULL;
-    END IF;
-    IF jsonb_typeof(p_value) <> 'string' THEN
-        PERFORM stepready._definition_error(p_where,
-            format('must be an RFC 3339 timestamp string, got %s', jsonb_typeof(p_value)));
-    END IF;
-    v_text := p_value #>> '{}';
-    IF v_text !~ '^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$' THEN
-        PERFORM stepready._definition_error(p_where,
-            format('must be an RFC 3339 timestamp with an offset (2026-11-24T02:30:00Z), got "%s"', v_text));
-    END IF;
-    BEGIN
-        RETURN v_text::timestamptz;
-    EXCEPTION WHEN datetime_field_overflow OR invalid_datetime_format THEN
-        PERFORM stepready._definition_error(p_where, format('is not a valid time: "%s"', v_text));
-    END;
-    RETURN NULL;
-END;
-$$;
 
 -- run_at changed on an existing task (plain SQL, or an operator rescheduling it): steps that have not started
 -- their first attempt follow it. Steps already run, or repeating, keep their own next_attempt_at.
@@ -63,7 +33,8 @@ CREATE OR REPLACE TRIGGER tasks_run_at
 
 -- A task created with a future run_at has no step claimable now, so steps_notify stays silent; but the daemons'
 -- wake-up timer (next_claim_at, read after every claim) must learn the new time, or they would start it only at
--- their next poll. One notification per such task, at commit; tasks without run_at pay nothing (WHEN clause).
+-- their next poll. One notification per such task, at commit; tasks without run_at pay nothing (WHEN clause), and
+-- neither do the tasks of create_tasks, which notifies every task it creates itself.
 CREATE OR REPLACE FUNCTION stepready._tasks_notify_run_at()
 RETURNS trigger
 LANGUAGE plpgsql
@@ -74,7 +45,9 @@ BEGIN
 END;
 $$;
 
+DO $trigger$ BEGIN EXECUTE replace($sql$
 CREATE OR REPLACE TRIGGER tasks_notify_run_at
     AFTER INSERT ON stepready.tasks
-    FOR EACH ROW WHEN (NEW.run_at IS NOT NULL)
-    EXECUTE FUNCTION stepready._tasks_notify_run_at();
+    FOR EACH ROW WHEN (NEW.run_at IS NOT NULL AND NOT stepready._validated_write())
+    EXECUTE FUNCTION stepready._tasks_notify_run_at()
+$sql$, 'stepready._validated_write()', stepready._validated_write_sql()); END $trigger$;

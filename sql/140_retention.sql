@@ -93,7 +93,8 @@ BEGIN
     END IF;
 
     -- Events first, by the task index (step_events has no foreign keys: see sql/055_events.sql), then the tasks;
-    -- their steps (locked above) and edges go with them by ON DELETE CASCADE.
+    -- their steps (locked above) go with them by ON DELETE CASCADE, and the steps' edges by a statement trigger
+    -- (sql/030_edges.sql).
     DELETE FROM stepready.step_events WHERE task_id = ANY (v_ids);
     DELETE FROM stepready.tasks WHERE id = ANY (v_ids);
     RETURN cardinality(v_ids);

@@ -28,6 +28,8 @@ func main() {
 	flag.BoolVar(&opts.PollOnly, "poll-only", false, "stepready clients poll only (no LISTEN); scenario 3 polls every 100 ms")
 	flag.BoolVar(&opts.PgBouncer, "pgbouncer", false, "connect through a PgBouncer in transaction pooling mode "+
 		"(needs pgbouncer installed; implies -poll-only)")
+	flag.BoolVar(&opts.ServerDefaults, "server-defaults", false, "start the cluster with the server's own defaults "+
+		"(crash safety, JIT, autovacuum) instead of the fast test settings")
 	flag.Parse()
 	var keep func(string) bool
 	if *only != "" {

@@ -176,14 +176,19 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 			"holding one task definition (stepready.create_task). With an idempotency key that already names a task,\n" +
 			"nothing is created and that task's id is printed. --run-at or --in delays the start of the task: no\n" +
 			"step of it is claimed before that time (SPEC §15).\n\n" +
-			"Many at once (stepready.create_tasks, all or nothing, in one transaction): -f with a YAML stream (documents\n" +
-			"separated by ---) or a JSON array of definitions, or TEMPLATE --contexts-file FILE with one JSON context per\n" +
-			"line. One line per task is printed (with --output json, one JSON object per line: ordinal, task_id,\n" +
-			"created).",
+			"Many at once (stepready.create_tasks, all or nothing, in one transaction): -f with JSON lines (one\n" +
+			"definition per line), a YAML stream (documents separated by ---) or a JSON array of definitions, or\n" +
+			"TEMPLATE --contexts-file FILE with one JSON context per line. JSON lines and YAML streams are read one\n" +
+			"definition at a time and sent in batches of 1,000, so a file of any size is created in bounded memory\n" +
+			"(a JSON array is read whole); -f - reads standard input. An invalid definition is reported with its\n" +
+			"line (FILE:LINE: definitions[i]: ...) and nothing is created. On a terminal, a progress line goes to\n" +
+			"standard error. Once committed, one line per task is printed (with --output json, one JSON object per\n" +
+			"line: ordinal, task_id, created).",
 		Example: "  scheduler task create etl --context '{\"day\": \"2030-01-01\"}'\n" +
 			"  scheduler task create etl --context @context.json --idempotency-key etl-2030-01-01\n" +
 			"  scheduler task create -f task.yaml\n" +
 			"  scheduler task create -f tasks.json           # a JSON array of definitions\n" +
+			"  scheduler task create -f tasks.jsonl          # JSON lines, any size\n" +
 			"  scheduler task create etl --contexts-file days.jsonl\n" +
 			"  scheduler task create etl --in 1h\n" +
 			"  scheduler task create etl --run-at 2030-01-01T02:00:00Z",
@@ -216,27 +221,24 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 				if contextArg != "" {
 					return usagef("--context applies to a template; with -f, put the context in the file")
 				}
-				data, err := os.ReadFile(file)
-				if err != nil {
-					return usageError{err}
-				}
-				defs, stream, err := templates.ParseDefinitions(file, data)
+				df, err := openDefinitionFile(file)
 				if err != nil {
 					return err
 				}
-				if stream {
+				defer df.Close()
+				if !df.single {
 					if key != "" {
 						return usagef("--idempotency-key applies to one task; in a file of many, give each its own idempotency_key")
 					}
 					return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-						res, err := createBulk(cmd.Context(), conn, defs, "", nil, runAt, in)
+						res, err := createFromFile(cmd.Context(), conn, df, runAt, in, newProgressLine(cmd.ErrOrStderr()))
 						if err != nil {
 							return err
 						}
-						return writeBulk(cmd.OutOrStdout(), format, res)
+						return writeCreated(cmd.OutOrStdout(), format, res)
 					})
 				}
-				definition = defs[0]
+				definition = df.first.json
 				if key == "" {
 					var d struct {
 						Key *string `json:"idempotency_key"`
@@ -259,7 +261,7 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 					return err
 				}
 				return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-					res, err := createBulk(cmd.Context(), conn, nil, args[0], contexts, runAt, in)
+					res, err := createBulk(cmd.Context(), conn, args[0], contexts, runAt, in)
 					if err != nil {
 						return err
 					}
@@ -298,16 +300,8 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 						d["run_at"] = runAt.Format(time.RFC3339Nano)
 						definition, _ = json.Marshal(d)
 					}
-					if err := createTask(cmd.Context(), tx, res, definition, ctxDoc); err != nil {
+					if err := createTask(cmd.Context(), tx, res, definition, ctxDoc, runAt); err != nil {
 						return err
-					}
-					if runAt != nil && res.Created && template != nil {
-						// A template carries no start time of its own: set it before the task commits; the
-						// tasks_run_at trigger moves its steps' first attempts.
-						if _, err := tx.Exec(cmd.Context(), `UPDATE stepready.tasks SET run_at = $2 WHERE id = $1`,
-							res.TaskID, *runAt); err != nil {
-							return err
-						}
 					}
 					if runAt != nil && res.Created {
 						res.RunAt = runAt
@@ -336,7 +330,8 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 			})
 		},
 	}
-	cmd.Flags().StringVarP(&file, "file", "f", "", "a YAML file holding one task definition")
+	cmd.Flags().StringVarP(&file, "file", "f", "",
+		"a file of task definitions: one (YAML or JSON), JSON lines, a YAML stream or a JSON array; - for standard input")
 	cmd.Flags().StringVar(&contextArg, "context", "", "the task's context: a JSON object, or @FILE (with TEMPLATE)")
 	cmd.Flags().StringVar(&contextsFile, "contexts-file", "",
 		"with TEMPLATE: create one task per line of FILE, each line a JSON context (JSON lines), in one transaction")
@@ -347,8 +342,10 @@ func newTaskCreateCommand(o *dbOptions) *cobra.Command {
 	return cmd
 }
 
-// createTask creates the task in tx and fills res.
-func createTask(ctx context.Context, tx pgx.Tx, res *taskCreated, definition, ctxDoc json.RawMessage) error {
+// createTask creates the task in tx and fills res. runAt is the start time of a task made from a template
+// (create_task_from_template's p_run_at); a definition carries its own run_at.
+func createTask(ctx context.Context, tx pgx.Tx, res *taskCreated, definition, ctxDoc json.RawMessage,
+	runAt *time.Time) error {
 	if res.IdempotencyKey != nil {
 		err := tx.QueryRow(ctx, `SELECT id FROM stepready.tasks WHERE idempotency_key = $1`, *res.IdempotencyKey).
 			Scan(&res.TaskID)
@@ -366,8 +363,8 @@ func createTask(ctx context.Context, tx pgx.Tx, res *taskCreated, definition, ct
 				s := string(ctxDoc)
 				c = &s
 			}
-			err = tx.QueryRow(ctx, `SELECT stepready.create_task_from_template($1, $2::jsonb, $3)`,
-				*res.Template, c, res.IdempotencyKey).Scan(&res.TaskID)
+			err = tx.QueryRow(ctx, `SELECT stepready.create_task_from_template($1, $2::jsonb, $3, $4)`,
+				*res.Template, c, res.IdempotencyKey, runAt).Scan(&res.TaskID)
 		} else {
 			err = tx.QueryRow(ctx, `SELECT stepready.create_task($1::jsonb)`, string(definition)).Scan(&res.TaskID)
 		}

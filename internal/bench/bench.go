@@ -47,8 +47,14 @@ type Size struct {
 	// is read (scenario 6): the workload of scenario 2a, smaller in the quick size to save time.
 	MemorySteps int
 	// CreationRun is how long scenario 7a creates tasks one per statement (its first and last sixth are
-	// compared), and CreationBulkRun how long 7b runs each of its two series.
+	// compared; half as long again after CreationLoaded chains), and CreationBulkRun how long 7b runs each of
+	// its two series (in three interleaved parts).
 	CreationRun, CreationBulkRun time.Duration
+	// CreationLoaded is how many chains scenario 7 bulk-loads before it measures 7a and 7b again.
+	CreationLoaded int
+	// CreationFileChains is how many chains scenario 7c creates from a JSON-lines file (River inserts four
+	// times as many jobs).
+	CreationFileChains int
 	// HistorySteps is how many finished steps (with their events) sit in the tables while scenario 2 runs again.
 	HistorySteps int
 	// SteadyRun is how long scenario 8 creates, works and prunes tasks.
@@ -63,11 +69,13 @@ type Size struct {
 var Sizes = map[string]Size{
 	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000,
 		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000,
-		CreationRun: 30 * time.Second, CreationBulkRun: 5 * time.Second, HistorySteps: 100_000,
+		CreationRun: 30 * time.Second, CreationBulkRun: 6 * time.Second, CreationLoaded: 20_000,
+		CreationFileChains: 100_000, HistorySteps: 100_000,
 		SteadyRun: time.Minute, FlowClaimLarge: 100_000, PythonSteps: 5_000},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
 		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
-		CreationRun: 60 * time.Second, CreationBulkRun: 20 * time.Second, HistorySteps: 1_000_000,
+		CreationRun: 60 * time.Second, CreationBulkRun: 21 * time.Second, CreationLoaded: 100_000,
+		CreationFileChains: 1_000_000, HistorySteps: 1_000_000,
 		SteadyRun: 10 * time.Minute, FlowClaimLarge: 1_000_000, PythonSteps: 20_000},
 }
 
@@ -106,11 +114,17 @@ type Options struct {
 	// cluster (migrations, database creation and scenario 3's NOTIFY baseline go direct); the scenarios' own
 	// pools then use store.PoolerQueryExecMode unless QueryExecMode is set. It implies PollOnly.
 	PgBouncer bool `json:"pgbouncer,omitempty"`
+	// ServerDefaults starts the cluster with pgcluster.DefaultSettings (the server's own defaults: crash safety,
+	// JIT, autovacuum) instead of pgcluster.FastSettings (crash safety off, as for the tests).
+	ServerDefaults bool `json:"server_defaults,omitempty"`
 }
 
 // label describes the options in a figure ("" for the default measurement).
 func (o Options) label() string {
 	var parts []string
+	if o.ServerDefaults {
+		parts = append(parts, "server defaults")
+	}
 	if o.PgBouncer {
 		parts = append(parts, "through PgBouncer")
 	}
@@ -218,7 +232,11 @@ func ScenarioNames() []string {
 func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(name string) bool, opts Options) (
 	*Report, error) {
 	opts.PollOnly = opts.PollOnly || opts.PgBouncer
-	cl, err := pgcluster.StartThrowaway(ctx, pgcluster.ThrowawayOptions{Settings: pgcluster.FastSettings, Logger: logger})
+	settings := pgcluster.FastSettings
+	if opts.ServerDefaults {
+		settings = pgcluster.DefaultSettings
+	}
+	cl, err := pgcluster.StartThrowaway(ctx, pgcluster.ThrowawayOptions{Settings: settings, Logger: logger})
 	if err != nil {
 		return nil, err
 	}

@@ -88,6 +88,13 @@ var FastSettings = []string{
 	"max_wal_size=4GB",
 }
 
+// DefaultSettings leave the server's own defaults in place (crash safety: fsync, synchronous_commit, full page
+// writes; JIT; autovacuum) and only let as many clients connect as FastSettings does: a stock server, for the
+// benchmarks' "server defaults" profile.
+var DefaultSettings = []string{
+	"max_connections=300",
+}
+
 // ThrowawayOptions configure StartThrowaway.
 type ThrowawayOptions struct {
 	// Settings are server settings (name=value) passed to postgres with -c, such as FastSettings.

@@ -69,13 +69,15 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
 
 -- Functions that run with their owner's rights (SECURITY DEFINER, search_path pinned to pg_catalog so that no
 -- object of the caller's can stand in for a built-in): the operator functions, so that an operator needs no
--- write privilege on tasks and steps and can change them only through the audited functions of SPEC §9; and the
+-- write privilege on tasks and steps and can change them only through the audited functions of SPEC §9; the
 -- trigger functions that keep bookkeeping on rows a client may not change itself (a client inserting steps or
--- edges makes the triggers update task counters and pending parents, and lock the task row).
+-- edges makes the triggers update task counters and pending parents, and lock the task row); and _create_tasks
+-- (behind create_task(s)), whose rows skip those triggers because they are validated and complete, which the
+-- triggers recognise by the owner running it (sql/018_validated_write.sql).
 CREATE TEMPORARY TABLE stepready_definer (name text PRIMARY KEY) ON COMMIT DROP;
 INSERT INTO stepready_definer (name) VALUES
     ('cancel_task'), ('pause_task'), ('resume_task'), ('retry_step_now'), ('resolve_step'), ('reset_task'),
-    ('_step_edges_validate'), ('_step_edges_count'), ('_steps_count_rows'), ('_tasks_run_at');
+    ('_step_edges_validate'), ('_step_edges_count'), ('_steps_count_rows'), ('_tasks_run_at'), ('_create_tasks');
 
 DO $roles$
 DECLARE

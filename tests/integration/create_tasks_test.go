@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -293,25 +294,70 @@ func readCreationStats(t *testing.T, conn *pgx.Conn) creationReads {
 }
 
 // TestCreationReadsBoundedRowsPerTask: creating a task reads the same small number of rows whether the tables
-// hold a hundred tasks or thousands more, and never reads by a sequential scan, whether the tables were never
-// analyzed (a freshly migrated database) or analyzed while empty (SPEC §12: the rate of a create_task loop must
-// not fall as the tables grow). The plans of a session are made for its first calls, when the tables are tiny:
-// they must be index plans by construction.
+// hold a hundred tasks or thousands more, never reads by a sequential scan, and never JIT-compiles a statement,
+// whatever the statistics say: on a freshly migrated database that was never analyzed, on one analyzed while
+// empty, and on one filled through create_tasks whose statistics were taken after its first 1,000 tasks, with
+// JIT as eager as it gets (jit_above_cost = 0) on the creating session (SPEC §12: the rate of a create_task loop
+// must not fall as the tables grow; issue 20: with statistics gathered mid-load, the edge trigger's cycle check
+// was JIT-compiled for every edge). The plans of a session are made for its first calls, when the tables are
+// tiny: they must be index plans by construction.
 func TestCreationReadsBoundedRowsPerTask(t *testing.T) {
 	t.Parallel()
-	for _, analyzeEmpty := range []bool{false, true} {
-		name := "never analyzed"
-		if analyzeEmpty {
-			name = "analyzed while empty"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, mode := range []creationStats{neverAnalyzed, analyzedEmpty, analyzedMidLoad} {
+		t.Run(string(mode), func(t *testing.T) {
 			t.Parallel()
-			testCreationReads(t, analyzeEmpty)
+			testCreationReads(t, mode)
 		})
 	}
 }
 
-func testCreationReads(t *testing.T, analyzeEmpty bool) {
+// creationStats is the state of the planner statistics while TestCreationReadsBoundedRowsPerTask creates tasks.
+type creationStats string
+
+const (
+	neverAnalyzed   creationStats = "never analyzed"
+	analyzedEmpty   creationStats = "analyzed while empty"
+	analyzedMidLoad creationStats = "analyzed after 1,000 tasks, JIT eager"
+)
+
+// eagerJIT makes conn JIT-compile every statement whose plan costs anything (when the server has JIT), and
+// record every statement it runs, nested ones included, in pg_stat_statements (loaded by pgtest's servers).
+func eagerJIT(t *testing.T, conn *pgx.Conn) {
+	t.Helper()
+	ctx := t.Context()
+	var loaded bool
+	require.NoError(t, conn.QueryRow(ctx, `SELECT 'pg_stat_statements' = ANY (string_to_array(
+		replace(current_setting('shared_preload_libraries'), ' ', ''), ','))`).Scan(&loaded))
+	if !loaded {
+		if os.Getenv("TEST_DATABASE_URL") != "" {
+			t.Skip("the server of TEST_DATABASE_URL does not load pg_stat_statements (shared_preload_libraries)")
+		}
+		t.Fatal("pgtest's server must load pg_stat_statements")
+	}
+	_, err := conn.Exec(ctx, `CREATE EXTENSION IF NOT EXISTS pg_stat_statements SCHEMA public`)
+	require.NoError(t, err)
+	for _, set := range []string{`SET jit = on`, `SET jit_above_cost = 0`, `SET jit_inline_above_cost = 0`,
+		`SET jit_optimize_above_cost = 0`, `SET pg_stat_statements.track = 'all'`} {
+		_, err := conn.Exec(ctx, set)
+		require.NoError(t, err)
+	}
+}
+
+// jitCompiled returns the functions JIT-compiled for statements of this database: those nested in a
+// top-level statement (what stepready's functions run), and the top-level ones.
+func jitCompiled(t *testing.T, conn *pgx.Conn) (nested, topLevel int64, nestedStatements []string) {
+	t.Helper()
+	require.NoError(t, conn.QueryRow(t.Context(), `
+		SELECT COALESCE(sum(jit_functions) FILTER (WHERE NOT toplevel), 0)::bigint,
+		       COALESCE(sum(jit_functions) FILTER (WHERE toplevel), 0)::bigint,
+		       COALESCE(array_agg(left(query, 200)) FILTER (WHERE NOT toplevel AND jit_functions > 0), '{}')
+		  FROM public.pg_stat_statements
+		 WHERE dbid = (SELECT oid FROM pg_catalog.pg_database WHERE datname = current_database())`).
+		Scan(&nested, &topLevel, &nestedStatements))
+	return nested, topLevel, nestedStatements
+}
+
+func testCreationReads(t *testing.T, mode creationStats) {
 	db := pgtest.New(t)
 	conn := db.Conn(t)
 	ctx := t.Context()
@@ -325,7 +371,25 @@ func testCreationReads(t *testing.T, analyzeEmpty bool) {
 		WHERE relnamespace = 'stepready'::regnamespace AND relname IN ('tasks', 'steps', 'step_edges')
 		  AND reltuples >= 0`).Scan(&counted))
 	require.Empty(t, counted, "tables whose size the planner was told (never vacuumed or analyzed: reltuples -1)")
-	if analyzeEmpty {
+
+	batch := make([]any, 500)
+	for i := range batch {
+		batch[i] = chainDef("bulk", 4, "")
+	}
+	fill := func(batches int) {
+		t.Helper()
+		for range batches {
+			_, err := createTasks(t, db.Pool, mustJSON(t, batch))
+			require.NoError(t, err)
+		}
+	}
+	switch mode {
+	case analyzedEmpty:
+		_, err := conn.Exec(ctx, `ANALYZE stepready.tasks, stepready.steps, stepready.step_edges`)
+		require.NoError(t, err)
+	case analyzedMidLoad:
+		eagerJIT(t, conn)
+		fill(2)
 		_, err := conn.Exec(ctx, `ANALYZE stepready.tasks, stepready.steps, stepready.step_edges`)
 		require.NoError(t, err)
 	}
@@ -335,10 +399,15 @@ func testCreationReads(t *testing.T, analyzeEmpty bool) {
 	round := func() creationReads {
 		t.Helper()
 		before := readCreationStats(t, conn)
-		for range perRound {
+		for i := range perRound {
 			// One statement per task, as a loop of plain SQL (pgbench) sends it.
 			_, err := conn.Exec(ctx, `SELECT stepready.create_task('`+chain+`')`, pgx.QueryExecModeSimpleProtocol)
 			require.NoError(t, err)
+			if i == 0 && mode == analyzedMidLoad {
+				// Early, so that a compiling creation path fails here rather than after minutes of compiling.
+				nested, _, statements := jitCompiled(t, conn)
+				require.Zero(t, nested, "statements of create_task JIT-compiled: %q", statements)
+			}
 		}
 		after := readCreationStats(t, conn)
 		return creationReads{after.seq - before.seq, after.idx - before.idx}
@@ -369,19 +438,12 @@ func testCreationReads(t *testing.T, analyzeEmpty bool) {
 	smallPlain := plainRound()
 
 	// Thousands more tasks (and their steps and edges), created in bulk on another connection.
-	batch := make([]any, 500)
-	for i := range batch {
-		batch[i] = chainDef("bulk", 4, "")
-	}
-	for range 8 {
-		_, err := createTasks(t, db.Pool, mustJSON(t, batch))
-		require.NoError(t, err)
-	}
+	fill(8)
 	large := round()
 	largePlain := plainRound()
 	t.Logf("plain INSERTs per task: %d rows read by index at first, %d later; %d and %d by sequential scans",
 		smallPlain.idx/perRound, largePlain.idx/perRound, smallPlain.seq, largePlain.seq)
-	if !analyzeEmpty {
+	if mode != analyzedEmpty {
 		// Statistics that say "empty" (an ANALYZE of the empty tables) make PostgreSQL's own foreign-key checks
 		// plan sequential scans in a session of plain INSERTs, until autovacuum analyzes the tables again (after
 		// 50 rows); create_task is immune (it plans everything it runs with sequential scans off). See
@@ -391,7 +453,7 @@ func testCreationReads(t *testing.T, analyzeEmpty bool) {
 			"rows read by index per task by plain INSERTs grew with the table: %d then %d", smallPlain.idx, largePlain.idx)
 	}
 
-	t.Logf("per task: %d rows read by index at ~100 tasks, %d at ~4,200 tasks; %d and %d by sequential scans",
+	t.Logf("per task: %d rows read by index at first, %d with ~4,000 tasks more; %d and %d by sequential scans",
 		small.idx/perRound, large.idx/perRound, small.seq, large.seq)
 	require.Zero(t, small.seq, "rows read by sequential scans while creating %d tasks", perRound)
 	require.Zero(t, large.seq, "rows read by sequential scans while creating %d tasks", perRound)
@@ -408,6 +470,19 @@ func testCreationReads(t *testing.T, analyzeEmpty bool) {
 	after := readCreationStats(t, conn)
 	require.Zero(t, after.seq-before.seq, "rows read by sequential scans in create_tasks of 100 tasks")
 	require.Less(t, (after.idx-before.idx)/100, int64(40), "rows read per task by create_tasks")
+
+	if mode == analyzedMidLoad {
+		nested, topLevel, statements := jitCompiled(t, conn)
+		var available bool
+		require.NoError(t, conn.QueryRow(ctx, `SELECT pg_catalog.pg_jit_available()`).Scan(&available))
+		t.Logf("JIT available: %v; functions compiled for top-level statements %d, for nested ones %d",
+			available, topLevel, nested)
+		if available {
+			require.Positive(t, topLevel, "with jit_above_cost = 0 the session's own statements are compiled: "+
+				"the test would see a statement of the creation path compiled")
+		}
+		require.Zero(t, nested, "statements of the creation path JIT-compiled: %q", statements)
+	}
 }
 
 // TestDefinitionSizeLimit: a definition over stepready.max_definition_bytes (1 MiB by default) is refused naming

@@ -200,3 +200,74 @@ func TestRunAtSurvivesResetAndRetryNow(t *testing.T) {
 	require.Equal(t, 1, claimable(runAt))
 	b.requireReady(ids["a"], runAt)
 }
+
+// create_task_from_template and create_tasks_from_template take p_run_at: the tasks they create start no earlier
+// (over a template's own run_at), one an idempotency key finds keeps its run_at, and NULL leaves the template's.
+func TestRunAtFromTemplate(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	own := testBase.Add(5 * time.Minute)
+	b.exec(`INSERT INTO stepready.task_templates (name, definition) VALUES ('plain', $1::jsonb), ('timed', $2::jsonb)`,
+		`{"steps": [{"name": "a", "handler": "h"}]}`,
+		fmt.Sprintf(`{"run_at": %q, "steps": [{"name": "a", "handler": "h"}]}`, own.Format(time.RFC3339)))
+	runAt := testBase.Add(time.Hour)
+	runAtOf := func(taskID int64) *time.Time {
+		var got *time.Time
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT run_at FROM stepready.tasks WHERE id = $1`, taskID).Scan(&got))
+		return got
+	}
+	stepOf := func(taskID int64) int64 {
+		var id int64
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT id FROM stepready.steps WHERE task_id = $1`, taskID).Scan(&id))
+		return id
+	}
+	for _, tc := range []struct {
+		name     string
+		template string
+		runAt    *time.Time
+		want     *time.Time
+	}{
+		{"no run_at", "plain", nil, nil},
+		{"p_run_at", "plain", &runAt, &runAt},
+		{"the template's own", "timed", nil, &own},
+		{"p_run_at over the template's", "timed", &runAt, &runAt},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var one int64
+			require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+				`SELECT stepready.create_task_from_template($1, NULL, NULL, $2)`, tc.template, tc.runAt).Scan(&one))
+			rows, err := b.db.Pool.Query(b.ctx, `SELECT task_id FROM stepready.create_tasks_from_template($1,
+				'[{}, {}]', NULL, $2)`, tc.template, tc.runAt)
+			require.NoError(t, err)
+			var many []int64
+			for rows.Next() {
+				var id int64
+				require.NoError(t, rows.Scan(&id))
+				many = append(many, id)
+			}
+			require.NoError(t, rows.Err())
+			require.Len(t, many, 2)
+			for _, id := range append(many, one) {
+				got := runAtOf(id)
+				if tc.want == nil {
+					require.Nil(t, got)
+					b.requireReady(stepOf(id), testBase)
+					continue
+				}
+				require.NotNil(t, got)
+				require.True(t, tc.want.Equal(*got), "run_at %s, want %s", got, tc.want)
+				b.requireNotReady(stepOf(id), tc.want.Add(-tick), "scheduled")
+				b.requireReady(stepOf(id), *tc.want)
+			}
+		})
+	}
+
+	// An idempotency key that finds a task leaves its run_at alone.
+	var first, again int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+		`SELECT stepready.create_task_from_template('plain', NULL, 'k', NULL)`).Scan(&first))
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+		`SELECT stepready.create_task_from_template('plain', NULL, 'k', $1)`, runAt).Scan(&again))
+	require.Equal(t, first, again)
+	require.Nil(t, runAtOf(first))
+}

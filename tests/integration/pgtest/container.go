@@ -11,8 +11,6 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	tcpostgres "github.com/testcontainers/testcontainers-go/modules/postgres"
 	"go.uber.org/goleak"
-
-	"github.com/stepready/stepready/internal/pgcluster"
 )
 
 // containerImage is the PostgreSQL image of the container: the oldest version stepready supports.
@@ -93,8 +91,8 @@ func dockerConfigured() bool {
 
 // startContainer starts a PostgreSQL container with the same speed settings as the local cluster.
 func startContainer(ctx context.Context) (*postgresContainer, error) {
-	settings := make([]string, 0, 2*len(pgcluster.FastSettings))
-	for _, setting := range pgcluster.FastSettings {
+	settings := make([]string, 0, 2*len(serverSettings()))
+	for _, setting := range serverSettings() {
 		settings = append(settings, "-c", setting)
 	}
 

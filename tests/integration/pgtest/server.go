@@ -56,7 +56,7 @@ func startServer(ctx context.Context) (*server, error) {
 		s.leakOptions = container.leakOptions
 	default:
 		s.kind = "local cluster"
-		cluster, err := pgcluster.StartThrowaway(ctx, pgcluster.ThrowawayOptions{Settings: pgcluster.FastSettings})
+		cluster, err := pgcluster.StartThrowaway(ctx, pgcluster.ThrowawayOptions{Settings: serverSettings()})
 		if err != nil {
 			return nil, fmt.Errorf("no PostgreSQL server for the tests: TEST_DATABASE_URL is not set, "+
 				"no Docker engine answered, and a local cluster could not be started: %w", err)
@@ -140,4 +140,12 @@ func databaseURL(serverURL, name string) (string, error) {
 	u.Path = "/" + name
 	u.RawPath = ""
 	return u.String(), nil
+}
+
+// serverSettings are the settings of a server the tests start themselves (a local cluster or a container): the
+// fast settings of internal/pgcluster, and pg_stat_statements loaded, so that a test can see what statements run
+// inside stepready's functions, and whether any was JIT-compiled (tests/integration/create_tasks_test.go). Its
+// overhead is a few microseconds per statement.
+func serverSettings() []string {
+	return append(append([]string{}, pgcluster.FastSettings...), "shared_preload_libraries=pg_stat_statements")
 }
