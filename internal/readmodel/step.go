@@ -22,7 +22,8 @@ type StepDetail struct {
 	Priority      int32           `json:"priority"`
 	RetryPolicy   *string         `json:"retry_policy"`
 	AsOf          time.Time       `json:"as_of"`
-	// Reasons are every reason the step may not start now, in precedence order (empty when it is ready).
+	// Reasons are every reason the step may not start now, in precedence order (when it is ready: its wait for a
+	// worker, waiting_for_worker).
 	Reasons  []Reason  `json:"reasons"`
 	Attempts []Attempt `json:"attempts"`
 	// Events are the step's newest events (at most StepEventsLimit), newest first.
