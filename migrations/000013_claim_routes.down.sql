@@ -12,7 +12,7 @@ DROP FUNCTION IF EXISTS stepready._claim_flow_group(int, int, int, timestamptz, 
                                                     text, bool);
 DROP FUNCTION IF EXISTS stepready._flow_next_rows(int, int, text, text, int, text[], text[]);
 DROP FUNCTION IF EXISTS stepready._claim_routes(text[], text[]);
-DROP FUNCTION IF EXISTS stepready._explain_worker(text, text);
+DROP FUNCTION IF EXISTS stepready._claim_route_range(int, int, int, timestamptz, text[], text[], bigint[], text[]);
 
 DROP INDEX IF EXISTS stepready.steps_claim_route_idx;
 
