@@ -299,3 +299,47 @@ func TestClaimRoutingCostFollowsMatchingSteps(t *testing.T) {
 	large := read(200_000)
 	require.LessOrEqual(t, large, small+20, "the claims read more as other handlers' steps grew")
 }
+
+// A step no claimer can take stays ready and says so (SPEC §21): claims of other queues and handlers leave it
+// pending, queue_stats shows its age as its queue's oldest ready age, and explain names the queue and handler it
+// waits for.
+func TestClaimRoutingUnclaimedStepStaysReadyAndVisible(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	_, ids := b.task(`{"name": "t", "steps": [{"name": "cut", "handler": "transcode", "queue": "media"}]}`)
+	step := ids["cut"]
+	var created time.Time
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT created_at FROM stepready.steps WHERE id = $1`, step).
+		Scan(&created))
+	later := created.Add(90 * time.Second)
+	for _, f := range [][2][]string{{{"default"}, nil}, {nil, {"noop", "sleep"}}, {{"media"}, {"noop"}},
+		{{"default", "media"}, {"resize"}}} {
+		var n int
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+			`SELECT count(*) FROM stepready.claim_and_start_steps(10, 'w', 60000, $1, $2, $3)`, later, f[0], f[1]).
+			Scan(&n))
+		require.Zero(t, n, "queues %v, handlers %v", f[0], f[1])
+	}
+	b.requireState(step, "pending")
+
+	var queue string
+	var ready int64
+	var oldest float64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+		`SELECT queue, ready, oldest_ready_seconds FROM stepready.queue_stats($1)`, later).Scan(&queue, &ready, &oldest))
+	require.Equal(t, "media", queue)
+	require.Equal(t, int64(1), ready)
+	require.InDelta(t, 90, oldest, 1, "the oldest ready age is the step's wait")
+
+	var reason, message string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+		`SELECT reason, message FROM stepready.explain_step($1, $2)`, step, later).Scan(&reason, &message))
+	require.Equal(t, "waiting_for_worker", reason)
+	require.Equal(t, "ready: waits for a worker that takes queue media and has handler transcode", message)
+
+	// A claimer that takes it does.
+	var got int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT step_id FROM stepready.claim_and_start_steps(10, 'w', 60000,
+		$1, ARRAY['media'], ARRAY['transcode'])`, later).Scan(&got))
+	require.Equal(t, step, got)
+}
