@@ -9,6 +9,12 @@
 -- several routes compete for the same places (a group's steps in due order, a key's steps) they are merged in
 -- claim order before any is locked, so that only the rows taken are locked.
 --
+-- Every routed statement orders by the route index's whole key, with the due time spelled as that index spells
+-- it, GREATEST(next_attempt_at, '-infinity') (the value of the other indexes' COALESCE): no other index can then
+-- give that order, so the planner cannot serve a route's range from steps_claimable_idx (due, id) with a filter
+-- on queue and handler, which it did, reading every due step of the other routes first
+-- (TestClaimRoutingCostFollowsMatchingSteps).
+--
 -- Returns NULL arrays for an unfiltered claim (both filters NULL: the claim reads steps_claim_order_idx), else
 -- the routes in (queue, handler) order, possibly none (an empty filter allows nothing). Cost: the queues given,
 -- or one probe per queue with claimable rows; then one probe per (queue, handler) pair given, or one per handler
