@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -161,5 +162,39 @@ func TestDefaultsAreTheMaintenanceServices(t *testing.T) {
 	t.Parallel()
 	for name, v := range stepready.MaintenanceDefaults() {
 		require.Equal(t, v[1], v[0], name)
+	}
+}
+
+// The faces hold no SQL of their own (issue 28): cmd/scheduler and console reach the database through the
+// library, internal/readmodel and schedules. A string literal of their non-test Go files that starts like a
+// statement fails the test.
+func TestFacesHoldNoSQL(t *testing.T) {
+	t.Parallel()
+	statement := regexp.MustCompile(`^(SELECT|INSERT INTO|UPDATE \w+|DELETE FROM|WITH \w+ AS|CALL|ALTER|CREATE (OR|TABLE|INDEX|FUNCTION))\s`)
+	for _, dir := range []string{"cmd/scheduler", "console"} {
+		entries, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		fset := token.NewFileSet()
+		for _, e := range entries {
+			if !strings.HasSuffix(e.Name(), ".go") || strings.HasSuffix(e.Name(), "_test.go") {
+				continue
+			}
+			f, err := parser.ParseFile(fset, filepath.Join(dir, e.Name()), nil, parser.SkipObjectResolution)
+			require.NoError(t, err)
+			ast.Inspect(f, func(n ast.Node) bool {
+				lit, ok := n.(*ast.BasicLit)
+				if !ok || lit.Kind != token.STRING {
+					return true
+				}
+				text, err := strconv.Unquote(lit.Value)
+				if err != nil {
+					return true
+				}
+				if statement.MatchString(strings.TrimSpace(text)) {
+					t.Errorf("%s: SQL in a face: %.60s", fset.Position(lit.Pos()), text)
+				}
+				return true
+			})
+		}
 	}
 }

@@ -52,7 +52,7 @@ SELECT t.id, t.name, t.namespace, t.status, t.paused, t.steps_total, t.steps_uns
 SELECT s.id, s.name, s.handler, s.queue, s.state, s.attempts, s.max_attempts, s.next_attempt_at, r.ready,
        r.blocked_reason,
        CASE WHEN NOT r.ready THEN
-           (SELECT x.message FROM stepready.explain_step(s.id, $2) x ORDER BY x.rank LIMIT 1)
+           (SELECT x.message FROM stepready.explain_step(s.id, $2) x ORDER BY x.rank, x.parent_step_id LIMIT 1)
        END,
        s.last_error,
        ARRAY(SELECT p.name FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
@@ -160,6 +160,15 @@ SELECT x.step_id, x.reason, x.message, x.parent_step_id, x.parent_name, x.parent
        x.parent_max_attempts, x.next_attempt_at, x.wait_ms
   FROM stepready.explain_step($1, $2) x
  ORDER BY x.rank;
+
+-- name: template_exists
+-- TemplateExists: whether any version of template $1 is stored.
+SELECT EXISTS (SELECT 1 FROM stepready.task_templates WHERE name = $1);
+
+-- name: created_task
+-- CreatedTask: the number of steps of task $1 and its run_at when it is still to come.
+SELECT (SELECT count(*)::int FROM stepready.steps s WHERE s.task_id = t.id), CASE WHEN t.run_at > now() THEN t.run_at END
+  FROM stepready.tasks t WHERE t.id = $1;
 
 -- name: templates
 -- Templates: every version of every template, by name and version; whether it is the newest, its step count.

@@ -186,3 +186,25 @@ func readTaskSteps(ctx context.Context, q Querier, id int64, only []int64, asOf 
 	d.Edges = []Edge{}
 	return d, nil
 }
+
+// CreatedTask is what a creating face says about a task it just created or found: its number of steps and its
+// start when that is still to come.
+type CreatedTask struct {
+	// Steps is the task's number of steps.
+	Steps int32
+	// RunAt is the task's run_at when it is after the transaction's now(), else nil.
+	RunAt *time.Time
+}
+
+// ReadCreatedTask reads a CreatedTask (an error wrapping ErrNotFound if the task does not exist).
+func ReadCreatedTask(ctx context.Context, q Querier, taskID int64) (CreatedTask, error) {
+	var c CreatedTask
+	err := q.QueryRow(ctx, query("created_task"), taskID).Scan(&c.Steps, &c.RunAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, notFoundf("task %d does not exist", taskID)
+	}
+	if err != nil {
+		return c, fmt.Errorf("readmodel: created task: %w", err)
+	}
+	return c, nil
+}

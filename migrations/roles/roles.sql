@@ -20,6 +20,8 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('task_execution_context',     '{client,worker,operator,reader}'),
     ('explain_step',               '{client,worker,operator,reader}'),
     ('explain_task',               '{client,worker,operator,reader}'),
+    ('readiness_reasons',          '{client,worker,operator,reader}'),
+    ('execution_statuses',         '{client,worker,operator,reader}'),
     ('validate_task_definition',   '{client,worker,operator,reader}'),
     ('schedule_idempotency_key',   '{client,worker,operator,reader}'),
     ('queue_stats',                '{client,worker,operator,reader}'),

@@ -486,7 +486,7 @@ class Worker:
             # Outcome rules (SPEC §8) are evaluated by the Go daemon; this worker does not implement them, so it
             # fails the step without running the handler, whose effects could not be judged.
             exc = StepError(
-                f"step {step.name!r} has outcome rules (SPEC §8), which the Python worker does not evaluate: "
+                f"step {step.name!r} has outcome rules, which the Python worker does not evaluate: "
                 "run this step on the Go daemon (scheduler run) or remove its rules",
                 class_=outcomes.DETERMINISTIC, code="rules_unsupported", retryable=False)
         elif fn is None:
