@@ -14,7 +14,7 @@ func newStepCommand(_ *globalOptions) *cobra.Command {
 	var o dbOptions
 	cmd := &cobra.Command{
 		Use:   "step",
-		Short: "Operate on one step: retry it now, resolve it by hand",
+		Short: "One step: show it, retry it now, resolve it by hand",
 		Long:  "Operate on one step, named by its id (34) or by its task's id and its name (12/fetch).",
 	}
 	cmd.PersistentFlags().StringVar(&o.url, "database-url", "", "PostgreSQL URL of the stepready database")
@@ -92,7 +92,7 @@ func newStepCommand(_ *globalOptions) *cobra.Command {
 	resolve.Flags().StringVar(&output, "output", "", "the step's output: a JSON document, or @FILE (required)")
 	resolve.Flags().StringVar(&format, "format", outputTable,
 		"output format: table (for people) or json (stable, for scripts)")
-	cmd.AddCommand(retry, resolve)
+	cmd.AddCommand(newStepShowCommand(&o), retry, resolve)
 	return cmd
 }
 

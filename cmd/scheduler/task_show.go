@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -131,7 +132,7 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 	}
 	fmt.Fprintln(out)
 	tw := newTable(out)
-	fmt.Fprintln(tw, "STEP\tID\tSTATE\tATTEMPT\tNEXT ATTEMPT\tREADY\tLAST ERROR")
+	fmt.Fprintln(tw, "STEP\tID\tSTATE\tATTEMPT\tNEXT ATTEMPT\tREADY\tLAST ERROR\tOUTPUT")
 	for _, s := range t.tree {
 		name := strings.Repeat("  ", s.depth) + termSafe(s.Name)
 		if len(s.Parents) > 1 {
@@ -153,10 +154,23 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 			// blocked_reason in the JSON.
 			ready = termSafe(cmp.Or(s.Why, orDash(s.BlockedReason)))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\n", name, s.ID, s.State, s.Attempts, orDash(s.MaxAttempts),
-			next, ready, lastError(s.Step))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\t%s\n", name, s.ID, s.State, s.Attempts, orDash(s.MaxAttempts),
+			next, ready, lastError(s.Step), outputCell(s.Output))
 	}
 	_ = tw.Flush()
+}
+
+// outputCell is a step's output in the steps table: its JSON on one line, cut at 40 characters ("-" for none).
+// `task show --output json` and `step show` print it whole.
+func outputCell(doc json.RawMessage) string {
+	if len(doc) == 0 || string(doc) == "null" {
+		return "-"
+	}
+	r := []rune(string(doc))
+	if len(r) > 40 {
+		return termSafe(string(r[:37])) + "..."
+	}
+	return termSafe(string(r))
 }
 
 // lastError prints the step's last error as every face does (readmodel.Step.LastErrorText), shortened for a

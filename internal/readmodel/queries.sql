@@ -48,7 +48,8 @@ SELECT t.id, t.name, t.namespace, t.status, t.paused, t.steps_total, t.steps_uns
 
 -- name: steps
 -- ReadTask, ReadStep: the steps of task $1 ($3: these steps only, NULL = all) with step_readiness at $2, the
--- first explain message of a step that is not ready (the rank order of blocked_reason), and its parents' names.
+-- first explain message of a step that is not ready (the rank order of blocked_reason), its parents' names and
+-- its output.
 SELECT s.id, s.name, s.handler, s.queue, s.state, s.attempts, s.max_attempts, s.next_attempt_at, r.ready,
        r.blocked_reason,
        CASE WHEN NOT r.ready THEN
@@ -56,7 +57,8 @@ SELECT s.id, s.name, s.handler, s.queue, s.state, s.attempts, s.max_attempts, s.
        END,
        s.last_error,
        ARRAY(SELECT p.name FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
-              WHERE e.child_step_id = s.id ORDER BY p.id)
+              WHERE e.child_step_id = s.id ORDER BY p.id),
+       s.output
   FROM stepready.steps s
   JOIN stepready.step_readiness(ARRAY[$1]::bigint[], $3, $2) r ON r.step_id = s.id
  ORDER BY s.id;
@@ -135,9 +137,18 @@ SELECT ev.step_id,
  ORDER BY started, ev.step_id;
 
 -- name: step
--- ReadStep: what the step page shows beyond its row in steps: its task, input, output, iteration.
-SELECT s.task_id, s.input, s.output, s.iteration, s.max_iterations, s.timeout_ms, s.priority, s.retry_policy
-  FROM stepready.steps s WHERE s.task_id = $1 AND s.id = $2;
+-- ReadStep: what the step page shows beyond its row in steps: its task, input, output, iteration; its deps and
+-- its input resolved against them now (SPEC §18: the functions the start uses, sql/019_dataflow.sql), or why it
+-- does not resolve yet.
+SELECT s.task_id, s.input, s.output, s.iteration, s.max_iterations, s.timeout_ms, s.priority, s.retry_policy,
+       d.deps, CASE WHEN s.input_refs THEN r.value ELSE s.input END, r.problem
+  FROM stepready.steps s
+ CROSS JOIN LATERAL (SELECT stepready._step_deps(s.id) AS deps) d
+  LEFT JOIN LATERAL (SELECT x.value, x.problem
+                       FROM stepready._resolve_input(s.input, d.deps,
+                                (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id), s.task_id) x
+                      WHERE s.input_refs) r ON true
+ WHERE s.task_id = $1 AND s.id = $2;
 
 -- name: step_by_name
 -- StepID: the id of step $2 of task $1.

@@ -44,6 +44,8 @@ type Step struct {
 	LastError json.RawMessage `json:"last_error"`
 	// Parents are the names of the step's parents, in id order.
 	Parents []string `json:"parents"`
+	// Output is the step's output (SPEC §18; NULL until it completes or is resolved).
+	Output json.RawMessage `json:"output"`
 }
 
 // LastErrorText is the step's last error as "class: message" (whitespace runs collapsed), or "" when it has none or
@@ -72,7 +74,7 @@ func ErrorText(doc json.RawMessage) string {
 func scanStep(row pgx.Row, s *Step) error {
 	var why *string
 	err := row.Scan(&s.ID, &s.Name, &s.Handler, &s.Queue, &s.State, &s.Attempts, &s.MaxAttempts, &s.NextAttemptAt,
-		&s.Ready, &s.BlockedReason, &why, &s.LastError, &s.Parents)
+		&s.Ready, &s.BlockedReason, &why, &s.LastError, &s.Parents, &s.Output)
 	if why != nil {
 		s.Why = *why
 	}

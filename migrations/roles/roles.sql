@@ -170,6 +170,9 @@ BEGIN
         GRANT INSERT, UPDATE, DELETE ON stepready.retry_policies, stepready.failure_classes TO stepready_operator;
         -- Flow control overrides (`scheduler flow set`).
         GRANT INSERT, UPDATE, DELETE ON stepready.flow_limits TO stepready_operator;
+        -- Limits kept in the database (SPEC §18: max_output_bytes): changed with UPDATE; the rows are fixed by
+        -- the table's CHECK (settings_known_name), so nothing to insert or delete.
+        GRANT UPDATE ON stepready.settings TO stepready_operator;
     END IF;
 END;
 $roles$;

@@ -46,6 +46,7 @@ var cases = []conformanceCase{
 	{"cancelled_attempt_ends_its_lease", caseCancelledAttemptEndsItsLease},
 	{"rules", caseRules},
 	{"other_queues_and_handlers_are_never_taken", caseOtherQueuesAndHandlers},
+	{"deps_arrive_resolved", caseDepsArriveResolved},
 }
 
 // TestConformance runs every case against every worker under test, each case with a database and a worker

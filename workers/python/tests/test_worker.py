@@ -401,3 +401,30 @@ def test_routing_takes_the_worker_s_queues_only(db):
         wait_for("step complete", state_is(db, again, "a", "complete"))
     row = db.execute("SELECT state, attempts FROM stepready.steps WHERE task_id = %s", (other,)).fetchone()
     assert row == {"state": "pending", "attempts": 0}
+
+
+def test_deps_and_the_resolved_input_arrive_with_the_claim(db):
+    seen = {}
+
+    def listing(step):
+        return {"files": ["a.csv", "b.csv"]}
+
+    def use(step):
+        seen.update(input=step.input, deps=step.deps, first=step.dep("list")["files"][0],
+                    element=step.element, index=step.element_index)
+        try:
+            step.dep("nope")
+        except Exception as exc:  # noqa: BLE001 - the class is what is checked
+            seen["missing"] = exc
+        return {}
+    task = create_task(db, {"name": "list", "handler": "listing"},
+                       {"name": "use", "handler": "use", "depends_on": ["list"],
+                        "input": {"first": "${deps.list.files.0}", "where": "${context.region}"}},
+                       context={"region": "eu"})
+    with running_worker({"listing": listing, "use": use}):
+        wait_for("step complete", state_is(db, task, "use", "complete"))
+    assert seen["input"] == {"first": "a.csv", "where": "eu"}
+    assert seen["deps"] == {"list": {"files": ["a.csv", "b.csv"]}}
+    assert seen["first"] == "a.csv"
+    assert seen["element"] is None and seen["index"] == -1
+    assert type(seen["missing"]).__name__ == "Permanent" and "deps.nope" in str(seen["missing"])
