@@ -280,7 +280,7 @@ func elementIndex(i *int) int {
 
 // claimAndStartRoutedSQL is claimAndStartSQL with the routing filters ($4, $5), p_as_of left to its default.
 const claimAndStartRoutedSQL = `SELECT step_id, task_id, name, handler, input, attempt, attempt_number, timeout_ms,
-	queue, iteration, context, rules
+	queue, iteration, context, rules, deps, element, element_index
 	FROM stepready.claim_and_start_steps($1, $2, $3, p_queues => $4, p_handlers => $5)`
 
 // ClaimAndStartStepsNextDue is ClaimAndStartSteps of the steps routes allows, preceded, in the same transaction
