@@ -22,4 +22,8 @@ ALTER TABLE stepready.steps
 -- A map step's elements in element order: the aggregate output, the counts, the element list.
 CREATE INDEX steps_map_elements_idx ON stepready.steps (map_step_id, element_index) WHERE map_step_id IS NOT NULL;
 
+-- The claim asks whether the steps it picked hold a map step: answered from this small index, without reading the
+-- picked rows again (a claim of steps that are not map steps finds no entry).
+CREATE INDEX steps_maps_idx ON stepready.steps (id) WHERE map IS NOT NULL;
+
 COMMIT;
