@@ -24,6 +24,9 @@ const (
 	childDispatchEnv = "STEPREADY_E2E_CHILD_DISPATCH"
 	// childGraceEnv is the child's shutdown grace (a duration; default 200 ms).
 	childGraceEnv = "STEPREADY_E2E_CHILD_GRACE"
+	// childRunLogEnv names a file the "element" handler appends one line to for every run it finishes
+	// ("INDEX ATTEMPT"), so a test can count handler runs across daemon processes, killed ones included.
+	childRunLogEnv = "STEPREADY_E2E_CHILD_RUN_LOG"
 )
 
 // runChildDaemon is a real separate daemon: a "block" handler that runs until its context ends, the built-in
@@ -52,6 +55,29 @@ func runChildDaemon() int {
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
+	}))
+	// A map element's work: a few milliseconds, then its index and item as output; every finished run is
+	// logged to childRunLogEnv's file (O_APPEND, one write per line) before the result goes back.
+	reg.MustRegister("element", steps.HandlerFunc(func(ctx context.Context, s *steps.Step) (any, error) {
+		select {
+		case <-time.After(2 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+		if path := os.Getenv(childRunLogEnv); path != "" {
+			f, err := os.OpenFile(path, os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
+			if err != nil {
+				return nil, fmt.Errorf("run log: %w", err)
+			}
+			_, err = fmt.Fprintf(f, "%d %d\n", s.Index, s.Attempt)
+			if cerr := f.Close(); err == nil {
+				err = cerr
+			}
+			if err != nil {
+				return nil, fmt.Errorf("run log: %w", err)
+			}
+		}
+		return map[string]any{"i": s.Index, "e": s.Element}, nil
 	}))
 	if err := builtin.Register(reg, builtin.Options{AllowExec: true}); err != nil {
 		fmt.Fprintln(os.Stderr, err)
