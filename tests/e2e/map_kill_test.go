@@ -52,7 +52,7 @@ func testMapKillMidMap(t *testing.T, mode string) {
 		return n
 	}
 	first := startChild(t, b, mode, childRunLogEnv+"="+runLog)
-	deadline := time.Now().Add(3 * time.Minute)
+	deadline := time.Now().Add(5 * time.Minute)
 	// Kill once a fifth is done and the daemon holds elements (it works in claims of a few at a time).
 	for {
 		var done, holding int
@@ -84,7 +84,7 @@ func testMapKillMidMap(t *testing.T, mode string) {
 	t.Logf("%s: killed with %d elements done and %d held", mode, doneAtKill, len(held))
 
 	second := startChild(t, b, mode, childRunLogEnv+"="+runLog)
-	deadline = time.Now().Add(4 * time.Minute)
+	deadline = time.Now().Add(10 * time.Minute) // ~60 elements/s alone, ~15/s under the full suite
 	for {
 		var state string
 		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT state FROM stepready.steps WHERE id = $1`, mapID).Scan(&state))
