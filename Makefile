@@ -20,7 +20,7 @@ DATABASE_URL ?=
 PYTHON ?= $(shell for p in $${STEPREADY_PYTHON:-/usr/bin/python3 python3}; do \
 	"$$p" -c 'import psycopg, pytest' >/dev/null 2>&1 && { command -v "$$p"; break; }; done)
 
-.PHONY: help build run test test-race lint verify bench bench-quick migrate db-reset screenshots conformance python-check
+.PHONY: help build install run test test-race lint verify bench bench-quick migrate db-reset screenshots conformance python-check
 
 help: ## Show this list of targets
 	@echo "Usage: make TARGET"
@@ -28,6 +28,9 @@ help: ## Show this list of targets
 
 build: ## Build the scheduler binary into bin/scheduler
 	$(GO) build -o $(BIN) ./cmd/scheduler
+
+install: ## Install the scheduler command into $GOBIN (default $(go env GOPATH)/bin): go install ./cmd/scheduler
+	$(GO) install ./cmd/scheduler
 
 run: build ## Run the demo: local PostgreSQL in .stepready/ (unless DATABASE_URL), example tasks, live account
 	$(BIN) demo

@@ -18,7 +18,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/stepready/stepready/internal/maintenance"
 	"github.com/stepready/stepready/steps"
 )
 
@@ -40,31 +39,31 @@ const (
 	// LeaseMin is the shortest lease Config accepts.
 	LeaseMin = 300 * time.Millisecond
 	// ReapIntervalDefault is how often the elected instance reaps expired leases.
-	ReapIntervalDefault = maintenance.LeaseReaperIntervalDefault
+	ReapIntervalDefault = 10 * time.Second
 	// PollIntervalDefault is the fallback poll for ready steps.
 	PollIntervalDefault = 5 * time.Second
 	// ShutdownGraceDefault is how long Stop lets running attempts finish.
 	ShutdownGraceDefault = 10 * time.Second
 	// RetentionCompleteDefault is how long complete tasks are kept after they finished (SPEC §13): a week.
-	RetentionCompleteDefault = maintenance.RetentionCompleteDefault
+	RetentionCompleteDefault = 7 * 24 * time.Hour
 	// RetentionFailedDefault is how long error and cancelled tasks are kept after they finished: 30 days.
-	RetentionFailedDefault = maintenance.RetentionFailedDefault
+	RetentionFailedDefault = 30 * 24 * time.Hour
 	// PruneIntervalDefault is how often the elected instance prunes finished tasks and idle flow keys.
-	PruneIntervalDefault = maintenance.TaskPrunerIntervalDefault
+	PruneIntervalDefault = time.Minute
 	// ScheduleIntervalDefault is the longest the schedule enqueuer sleeps between two looks at the schedules.
-	ScheduleIntervalDefault = maintenance.ScheduleEnqueuerIntervalDefault
+	ScheduleIntervalDefault = time.Second
 	// BacklogIntervalDefault is how often the elected instance exports the backlog gauges.
-	BacklogIntervalDefault = maintenance.BacklogExporterIntervalDefault
+	BacklogIntervalDefault = 10 * time.Second
 )
 
 // Off, as an interval of a maintenance service (ReapInterval, PruneInterval, ScheduleInterval,
 // BacklogInterval), turns that service off on this client. It is -1, as in River: a zero value takes the
 // default. The command line spells it "off" (or -1).
-const Off = maintenance.Off
+const Off time.Duration = -1
 
 // KeepForever, as a retention (RetentionComplete, RetentionFailed), keeps those tasks forever. It is Off (-1);
 // the command line also accepts 0 for it (SPEC §13).
-const KeepForever = maintenance.KeepForever
+const KeepForever = Off
 
 // Config configures a Client. Zero values take the documented defaults.
 type Config struct {

@@ -12,7 +12,7 @@ import (
 	"github.com/stepready/stepready/internal/store"
 )
 
-// The operator actions of SPEC §9 as library calls: the CLI (`scheduler task cancel`, …) and the web console's
+// The operator functions (docs/functions.md) as library calls: the CLI (`scheduler task cancel`, …) and the web console's
 // actions are thin faces over them. Each runs in one transaction that reads the row before and after the SQL
 // operator function, names the actor of its operator.* event (details.actor) for that transaction only, and
 // returns what changed. A refusal (an impossible transition, an unknown id) is the database's own message.
@@ -24,8 +24,9 @@ type Beginner interface {
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
-// ErrNotFound is what errors.Is finds in the error of an operator action whose task or step does not exist (the
-// error's message says which: "task 12 does not exist").
+// ErrNotFound is what errors.Is finds in the error of an operator action whose task or step does not exist, or of
+// a creation from a template that does not exist (the error's message says which: "task 12 does not exist",
+// `template "nightly" does not exist`).
 var ErrNotFound = errors.New("stepready: not found")
 
 // notFoundError keeps the store's message ("task 12 does not exist") and is ErrNotFound.

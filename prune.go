@@ -38,7 +38,7 @@ type PruneResult struct {
 }
 
 // Prune deletes, in batches of PruneBatch (each its own transaction) until none is left, the finished tasks that
-// opts selects, with their steps, edges and events (stepready.prune_tasks; SPEC §13): a one-off clean-up. A
+// opts selects, with their steps, edges and events (stepready.prune_tasks; docs/operating.md): a one-off clean-up. A
 // running daemon prunes on its own, by its retentions. Unfinished tasks, templates and schedules are never
 // touched.
 func Prune(ctx context.Context, db DBTX, opts PruneOptions) (*PruneResult, error) {

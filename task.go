@@ -18,7 +18,7 @@ import (
 // for rules, the rule index.
 var ErrInvalidDefinition = errors.New("stepready: invalid task definition")
 
-// CreateTask validates a task definition (the JSON of SPEC §10) and creates the task, returning its id. The
+// CreateTask validates a task definition (the JSON of docs/functions.md) and creates the task, returning its id. The
 // outcome rules are compiled and type-checked here first (SQL cannot run CEL); everything else is validated by
 // stepready.create_task, which writes nothing unless the whole definition is valid. An idempotency key already
 // used returns the existing task's id. db is a pool, a connection or a transaction.
@@ -55,7 +55,7 @@ var (
 	createTasksBatchBytes = 8 << 20
 )
 
-// CreateTasks creates the tasks of many definitions with stepready.create_tasks (SPEC §12). The result has one
+// CreateTasks creates the tasks of many definitions with stepready.create_tasks (docs/functions.md). The result has one
 // entry per definition, in order. Each definition is checked as CreateTask checks one (UTF-8, then valid JSON
 // and the outcome rules compiled), all of them before anything is sent; every error names the definition's 0-based
 // index: `definitions[3]: steps[1] "load": rules[0].when: …`. Idempotency keys repeated in the input, or already

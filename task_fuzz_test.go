@@ -220,7 +220,11 @@ func checkStepCase(t *testing.T, db *pgtest.DB, presets map[string]preset, c ste
 		t.Fatalf("CreateTask(%s) accepted invalid %v", def, bad)
 	case err != nil:
 		// Every setting is valid: only input jsonb cannot hold (invalid UTF-8, a NUL, a number beyond numeric's
-		// exponent range) or a NUL in a string can be refused.
+		// exponent range), a NUL in a string, or an input reference the database refuses (SPEC §18: the one
+		// parser is SQL's, so the oracle asks only that the message names the step's input) can be refused.
+		if strings.Contains(err.Error(), `steps[0] "s": input: reference `) {
+			return
+		}
 		if !nul && utf8.Valid(c.input) && !exponent.Match(c.input) {
 			t.Fatalf("CreateTask(%s) refused valid settings: %v", def, err)
 		}

@@ -3,7 +3,6 @@ package stepready
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"time"
 	"unicode/utf8"
@@ -32,9 +31,6 @@ type TemplateOptions struct {
 	Delay time.Duration
 }
 
-// ErrTemplateNotFound is returned (wrapped) when no template has the name given.
-var ErrTemplateNotFound = errors.New("stepready: template not found")
-
 // CreateTaskFromTemplate creates one task from the newest version of the stored template named template
 // (stepready.create_tasks_from_template). The result says whether this call created the task or found it by
 // its idempotency key (a task found keeps its own run_at). db is a pool, a connection or a transaction.
@@ -51,7 +47,7 @@ func CreateTaskFromTemplate(ctx context.Context, db DBTX, template string, task 
 // named template, through stepready.create_tasks_from_template: the result has one entry per element, in order,
 // and follows CreateTasks' rules (idempotency keys, all or nothing per batch of at most 1,000 tasks, errors
 // naming `definitions[i]` by the index in tasks; with a transaction as db the whole input is all or nothing).
-// A missing template is ErrTemplateNotFound; a context that makes the definition invalid is
+// A missing template is ErrNotFound (the message names it); a context that makes the definition invalid is
 // ErrInvalidDefinition.
 func CreateTasksFromTemplate(ctx context.Context, db DBTX, template string, tasks []FromTemplate,
 	opts TemplateOptions) ([]Created, error) {
@@ -99,7 +95,7 @@ func CreateTasksFromTemplate(ctx context.Context, db DBTX, template string, task
 		}
 		created, err := templateBatch(ctx, db, template, doc, keys, runAt, delay)
 		if err != nil {
-			return out, templateError(renumber(err, start), template)
+			return out, templateError(renumber(err, start))
 		}
 		out = append(out, created...)
 	}
@@ -137,11 +133,12 @@ func templateBatch(ctx context.Context, db DBTX, template string, contexts []byt
 	return out, nil
 }
 
-// templateError classifies an error of create_tasks_from_template: no_data_found (P0002) is a missing template,
-// everything else as createError.
-func templateError(err error, template string) error {
+// templateError classifies an error of create_tasks_from_template: no_data_found (P0002) is a missing template
+// (ErrNotFound, with the database's message: `template "nightly" does not exist`), everything else as
+// createError.
+func templateError(err error) error {
 	if store.SQLState(err) == "P0002" {
-		return fmt.Errorf("%w: %q: %w", ErrTemplateNotFound, template, err)
+		return notFoundError{err}
 	}
 	return createError(err)
 }

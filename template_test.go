@@ -98,7 +98,7 @@ func TestCreateTasksFromTemplate(t *testing.T) {
 	require.Equal(t, count, after)
 
 	_, err = stepready.CreateTaskFromTemplate(ctx, db.Pool, "nope", stepready.FromTemplate{}, stepready.TemplateOptions{})
-	require.ErrorIs(t, err, stepready.ErrTemplateNotFound)
+	require.ErrorIs(t, err, stepready.ErrNotFound)
 	require.ErrorContains(t, err, `template "nope" does not exist`)
 	_, err = stepready.CreateTaskFromTemplate(ctx, db.Pool, "etl", stepready.FromTemplate{},
 		stepready.TemplateOptions{RunAt: at, Delay: time.Hour})

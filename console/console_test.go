@@ -402,3 +402,21 @@ func TestLateCommittedEventReachesTheStream(t *testing.T) {
 	}
 	t.Fatalf("the late event never reached the stream: %v", lines.Err())
 }
+
+// The step page shows the input as defined and as resolved now, and the deps (SPEC §18), escaped.
+func TestStepPageDataFlow(t *testing.T) {
+	t.Parallel()
+	f := newFixture(t)
+	id := f.createTask(`{"name": "flow", "context": {"who": "<i>ann</i>"}, "steps": [
+		{"name": "list", "handler": "noop"},
+		{"name": "report", "handler": "noop", "depends_on": ["list"], "input": {"first": "${deps.list.n}", "who": "${context.who}"}}]}`)
+	page := fmt.Sprintf("/tasks/%d/steps/%d", id, f.stepID(id, "report"))
+	status, body, _ := f.get(page)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Contains(t, body, "Its references do not resolve yet: input reference ${deps.list.n}: deps.list.n not found")
+	f.exec(`UPDATE stepready.steps SET state = 'complete', attempts = 1, output = '{"n": 7}' WHERE id = $1`, f.stepID(id, "list"))
+	status, body, _ = f.get(page)
+	require.Equal(t, http.StatusOK, status, body)
+	require.Contains(t, body, `<pre id="input-resolved">{&#34;who&#34;: &#34;&lt;i&gt;ann&lt;/i&gt;&#34;, &#34;first&#34;: 7}</pre>`)
+	require.Contains(t, body, `<pre id="deps">{&#34;list&#34;: {&#34;n&#34;: 7}}</pre>`)
+}

@@ -1,5 +1,5 @@
 // Package examples holds the example task templates that `scheduler demo` (and so `make run`) loads: one YAML
-// file per template, in the task definition format of SPEC §10. They are embedded in the scheduler binary, so
+// file per template, in the task definition format of docs/functions.md. They are embedded in the scheduler binary, so
 // the demo works from any directory; `scheduler demo --examples DIR` loads another directory instead.
 package examples
 

@@ -83,14 +83,14 @@ func Up(ctx context.Context, databaseURL string, logger *slog.Logger) error {
 
 // UpOptions adjust UpWith.
 type UpOptions struct {
-	// SkipRoles leaves out creating the four roles of SPEC §17 (stepready_client, stepready_worker,
+	// SkipRoles leaves out creating the four roles of docs/security.md (stepready_client, stepready_worker,
 	// stepready_operator, stepready_reader), for a migrating user that may not create roles (no CREATEROLE),
 	// where a DBA created them. Their privileges are granted all the same, to those that exist.
 	SkipRoles bool
 }
 
 // UpWith is Up with options. After River's migrations it applies a fourth layer, the least-privilege roles of
-// SPEC §17 (the files of migrations/roles): the roles are created unless they exist (unless opts.SkipRoles), and
+// docs/security.md (the files of migrations/roles): the roles are created unless they exist (unless opts.SkipRoles), and
 // every privilege and SECURITY DEFINER attribute is granted again, since re-created functions lose theirs.
 func UpWith(ctx context.Context, databaseURL string, logger *slog.Logger, opts UpOptions) error {
 	logger = orDiscard(logger)

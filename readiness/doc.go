@@ -1,5 +1,5 @@
 // Package readiness is how stepready decides that a step may run and finds the steps that may: the SQL functions
-// step_readiness, task_execution_context, claim_ready_steps and next_claim_at (SPEC §5, §6; docs/functions.md),
+// step_readiness, task_execution_context, claim_ready_steps and next_claim_at (docs/state-machine.md, functions.md),
 // and the River job that carries a claimed step (StepJobArgs).
 //
 // Readiness itself is decided by SQL, with the database's clock; nothing in Go re-derives it. The daemon's

@@ -20,7 +20,7 @@ type StepJobArgs struct {
 // Kind implements River's JobArgs.
 func (StepJobArgs) Kind() string { return JobKind }
 
-// Claim is one claimed step, as claim_ready_steps returns it (SPEC §6) and a River job carries it.
+// Claim is one claimed step, as claim_ready_steps returns it (docs/functions.md) and a River job carries it.
 type Claim struct {
 	StepID  int64  `json:"step_id"`
 	TaskID  int64  `json:"task_id"`

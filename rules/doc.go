@@ -26,6 +26,7 @@
 //	iteration               int     0-based iteration of a repeating step
 //	input                   dyn     the step's input for this iteration (JSON)
 //	context                 dyn     the task's context (JSON)
+//	deps                    dyn     the direct parents' outputs by step name (SPEC §18; {} when none)
 //
 // JSON values map to CEL as objects → map, arrays → list, strings, booleans, null, and numbers → int when
 // integral and within int64 (so `outcome.result.page + 1` works), double otherwise. Fields of a dyn value are

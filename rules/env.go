@@ -34,6 +34,7 @@ const (
 	varIteration = "iteration"
 	varInput     = "input"
 	varContext   = "context"
+	varDeps      = "deps"
 )
 
 // outcomeVar is the CEL type of `outcome`. Its fields are always present: a successful attempt has an empty
@@ -74,6 +75,7 @@ func celEnv() (*cel.Env, error) {
 			cel.Variable(varIteration, cel.IntType),
 			cel.Variable(varInput, cel.DynType),
 			cel.Variable(varContext, cel.DynType),
+			cel.Variable(varDeps, cel.DynType),
 			ext.Strings(),
 			cel.OptionalTypes(),
 			cel.ParserExpressionSizeLimit(MaxExpressionLength),

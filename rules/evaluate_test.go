@@ -293,3 +293,22 @@ func TestDecisionDetails(t *testing.T) {
 	require.NoError(t, err)
 	require.JSONEq(t, `{"k": "retry"}`, string(b))
 }
+
+// TestEvaluateDeps: `deps` holds the direct parents' outputs by name (SPEC §18); without deps it is {}.
+func TestEvaluateDeps(t *testing.T) {
+	t.Parallel()
+	p, err := Compile([]byte(`[{"when": "'fetch' in deps && deps.fetch.items.size() == 0", "then": {"do": "fail"}},
+		{"when": "deps.size() == 0", "then": {"do": "break"}}]`))
+	require.NoError(t, err)
+	d, err := p.Evaluate(context.Background(), Outcome{Attempt: 1, Deps: json.RawMessage(`{"fetch": {"items": []}}`)})
+	require.NoError(t, err)
+	require.Equal(t, FailPermanent, d.Kind)
+	d, err = p.Evaluate(context.Background(), Outcome{Attempt: 1, Deps: json.RawMessage(`{"fetch": {"items": [1]}}`)})
+	require.NoError(t, err)
+	require.Equal(t, Complete, d.Kind, "no rule matched")
+	d, err = p.Evaluate(context.Background(), Outcome{Attempt: 1})
+	require.NoError(t, err)
+	require.Equal(t, Break, d.Kind, "no deps: {}")
+	_, err = p.Evaluate(context.Background(), Outcome{Attempt: 1, Deps: json.RawMessage(`{`)})
+	require.ErrorContains(t, err, "deps is not valid JSON")
+}

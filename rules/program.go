@@ -137,6 +137,8 @@ type Outcome struct {
 	Input json.RawMessage
 	// Context is the task's context (`context`); empty means null.
 	Context json.RawMessage
+	// Deps is the step's deps object (`deps`: its direct parents' outputs by name, SPEC §18); empty means {}.
+	Deps json.RawMessage
 	// Attempt is the 1-based attempt number within the iteration (`attempt`).
 	Attempt int
 	// Iteration is the 0-based iteration of a repeating step (`iteration`).
@@ -184,7 +186,14 @@ func (o Outcome) activation() (map[string]any, error) {
 	if err != nil {
 		return nil, fmt.Errorf("context is not valid JSON: %w", err)
 	}
+	var deps any = map[string]any{}
+	if len(o.Deps) > 0 {
+		if deps, err = decodeJSON(o.Deps); err != nil {
+			return nil, fmt.Errorf("deps is not valid JSON: %w", err)
+		}
+	}
 	return map[string]any{
+		varDeps:      deps,
 		varOutcome:   out,
 		varAttempt:   int64(o.Attempt),
 		varIteration: int64(o.Iteration),

@@ -16,7 +16,7 @@ import (
 // Do names what a matching rule makes of the attempt. The values are the spellings of the `do` field.
 type Do string
 
-// The five actions of SPEC §8.
+// The five actions of docs/daemon.md, "Outcome rules".
 const (
 	// DoRetry fails the attempt through fail_step, optionally overriding the retry policy for this failure.
 	DoRetry Do = "retry"
@@ -38,7 +38,7 @@ const (
 	MaxExpressionLength = 4096
 )
 
-// backoffs are the strategies of stepready.backoff_delay_ms (SPEC §4).
+// backoffs are the strategies of stepready.backoff_delay_ms (docs/retry.md).
 var backoffs = []string{"none", "fixed", "linear", "exponential"}
 
 // fieldsOf lists the fields each action accepts besides `do`. A field of another action is rejected rather than

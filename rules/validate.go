@@ -6,7 +6,7 @@ import (
 	"fmt"
 )
 
-// Validate compiles the rules of every step of a task definition (the JSON of SPEC §10, as given to
+// Validate compiles the rules of every step of a task definition (the JSON of docs/functions.md, as given to
 // stepready.create_task or stored in a template) and reports each step whose rules do not compile, as a
 // *StepError: `steps[2] "fetch": rules[1].when: <CEL message>`. Several bad steps are joined with errors.Join,
 // in step order. Every Go entry point calls it before create_task: Postgres cannot compile CEL, so this is where

@@ -1,4 +1,4 @@
-// Package schedules runs stepready's cron schedules (SPEC §15): parsing cron expressions and time zones,
+// Package schedules runs stepready's cron schedules (docs/schedules.md): parsing cron expressions and time zones,
 // computing fire times and storing schedules in stepready.schedules. The daemon's schedule enqueuer (a
 // maintenance service of every client) fires them.
 //
@@ -105,7 +105,7 @@ var lookback = []time.Duration{time.Minute, time.Hour, 24 * time.Hour, 32 * 24 *
 	5 * 367 * 24 * time.Hour}
 
 // Latest returns the latest fire time in [due, now] of a schedule whose next fire time is due (due <= now): the
-// one fire time that fires after a period without a daemon (SPEC §15: only the latest missed fire time fires).
+// one fire time that fires after a period without a daemon (docs/schedules.md: only the latest missed fire time fires).
 // It returns due itself when no later fire time has passed. @every schedules keep their phase: due + k × every.
 func (s *Spec) Latest(due, now time.Time) time.Time {
 	if !due.Before(now) {

@@ -1,13 +1,62 @@
--- Readiness (SPEC §5): whether each step may start at p_as_of, and why not. These functions read the truth
--- (parent rows, task row); the claim path uses the trigger-maintained pending_parents counter, which the
--- boundary tests hold equal to what step_readiness computes here.
+-- Readiness: whether each step may start at p_as_of, and why not. These functions read the truth (parent rows,
+-- task row); the claim path uses the trigger-maintained pending_parents counter, which the boundary tests hold
+-- equal to what step_readiness computes here.
 
--- Why a step is not ready, or NULL when it is. The order of the checks is the documented precedence. A step made
--- ready again while an attempt of it still runs (an orphaned lease: sql/046_leases.sql) is in_flight until that
--- attempt ends.
+-- The one list of the reasons a step may not start, in precedence order (issue 26: the docs, the CLI and explain
+-- each had a list of their own, with different members and ranks). step_readiness reports the first reason that
+-- applies (_blocked_reason's CASE, then flow control, in this order: TestReadinessReasonsPrecedence walks one step
+-- through all of them); explain takes its ranks from here; the docs' table is generated from it (tests/docs
+-- TestReasonLists). A new reason is added here first, at its rank.
+CREATE OR REPLACE FUNCTION stepready.readiness_reasons()
+RETURNS TABLE (rank int, reason text, meaning text)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT v.rank, v.reason, v.meaning FROM (VALUES
+        (1, 'task_not_active', 'its task is not `pending` or `in_progress`: it is `complete`, `error` or `cancelled`'),
+        (2, 'task_paused', 'its task is paused'),
+        (3, 'scheduled', 'its task''s `run_at` is still to come: no step of the task starts before it'),
+        (4, 'terminal', 'it is finished: `complete`, `error`, `skipped`, `cancelled` or `resolved_manually`'),
+        (5, 'in_flight', 'it is `enqueued` or `in_progress`, or an earlier attempt of it still holds an orphaned lease'),
+        (6, 'waiting_for_dependencies', 'a parent does not satisfy the dependency (it is not `complete`, `resolved_manually` or `skipped`)'),
+        (7, 'not_retryable', 'it is not retryable and has had its attempt'),
+        (8, 'retries_exhausted', 'it has had its `max_attempts`'),
+        (9, 'backoff', 'its `next_attempt_at` is still to come: a retry''s backoff, or a delayed first attempt or iteration'),
+        (10, 'concurrency_limited', 'nothing of its own holds it, but its concurrency key has its limit of steps in flight'),
+        (11, 'rate_limited', 'nothing of its own holds it, but its rate key has no token until the next one arrives')
+    ) AS v(rank, reason, meaning);
+$$;
+
+-- The one list of a task's execution statuses, in precedence order: task_execution_context returns the first that
+-- applies (its CASE, in this order: TestExecutionStatusesPrecedence). The first eight are the original ones in
+-- their original order; scheduled and flow_limited (issue 26) come after the statuses of a task that is doing
+-- something or done, before those of a task waiting for its own steps (docs/state-machine.md says why).
+CREATE OR REPLACE FUNCTION stepready.execution_statuses()
+RETURNS TABLE (rank int, execution_status text, meaning text)
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $$
+    SELECT v.rank, v.execution_status, v.meaning FROM (VALUES
+        (1, 'cancelled', 'the task is `cancelled`'),
+        (2, 'paused', 'the task is paused'),
+        (3, 'blocked_by_failures', 'a step is in `error`'),
+        (4, 'has_ready_steps', 'a step is ready'),
+        (5, 'processing', 'a step is in flight (`enqueued`, `in_progress`, or held by an earlier attempt''s orphaned lease)'),
+        (6, 'all_complete', 'it has steps, and every one is `complete`, `resolved_manually` or `skipped`'),
+        (7, 'scheduled', 'its `run_at` is still to come'),
+        (8, 'flow_limited', 'a step is held back only by its concurrency or rate key'),
+        (9, 'waiting_for_retry', 'a step waits only for its `next_attempt_at`: a backoff, a delayed first attempt or iteration'),
+        (10, 'waiting_for_dependencies', 'none of the above: its steps wait for their parents, or for an operator (a step that has used its attempts); also a task with no steps')
+    ) AS v(rank, execution_status, meaning);
+$$;
+
+-- Why a step is not ready for reasons of its own and of its task, or NULL: ranks 1 to 9 of readiness_reasons(),
+-- in that order (flow control, ranks 10 and 11, is step_readiness's, for a step this returns NULL for). A step
+-- made ready again while an attempt of it still runs (an orphaned lease: sql/046_leases.sql) is in_flight until
+-- that attempt ends.
 DROP FUNCTION IF EXISTS stepready._blocked_reason(text, bool, text, bool, int, int, bool, timestamptz, timestamptz);
+DROP FUNCTION IF EXISTS stepready._blocked_reason(text, bool, text, bool, int, int, bool, timestamptz, timestamptz,
+                                                  timestamptz);
 CREATE OR REPLACE FUNCTION stepready._blocked_reason(
-    p_task_status text, p_task_paused bool, p_state text, p_dependencies_satisfied bool,
+    p_task_status text, p_task_paused bool, p_task_run_at timestamptz, p_state text, p_dependencies_satisfied bool,
     p_attempts int, p_max_attempts int, p_retryable bool, p_next_attempt_at timestamptz, p_as_of timestamptz,
     p_lease_expires_at timestamptz)
 RETURNS text
@@ -16,6 +65,7 @@ AS $$
     SELECT CASE
         WHEN p_task_status NOT IN ('pending', 'in_progress') THEN 'task_not_active'
         WHEN p_task_paused THEN 'task_paused'
+        WHEN p_task_run_at > p_as_of THEN 'scheduled'
         WHEN p_state IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually') THEN 'terminal'
         WHEN stepready._holds_slot(p_state, p_lease_expires_at, p_as_of) THEN 'in_flight'
         WHEN NOT p_dependencies_satisfied THEN 'waiting_for_dependencies'
@@ -54,17 +104,15 @@ AS $$
                par.total = par.satisfied AS dependencies_satisfied,
                stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable) AS retry_eligible,
                s.next_attempt_at,
-               CASE WHEN t.status IN ('pending', 'in_progress') AND NOT t.paused AND t.run_at > p_as_of
-                    THEN 'scheduled' -- SPEC §15: right after task_paused
-                    ELSE COALESCE(stepready._blocked_reason(t.status, t.paused, s.state,
-                                                            par.total = par.satisfied, s.attempts,
-                                                            s.max_attempts, s.retryable, s.next_attempt_at,
-                                                            p_as_of, s.lease_expires_at),
-                                  -- SPEC §14: after backoff, only for a step that could otherwise start.
-                                  CASE WHEN s.concurrency_key IS NOT NULL OR s.rate_key IS NOT NULL
-                                       THEN stepready._flow_blocked(s.concurrency_key, s.concurrency_limit,
-                                                                    s.rate_key, s.rate_limit, s.rate_period_ms,
-                                                                    p_as_of) END) END AS blocked_reason
+               COALESCE(stepready._blocked_reason(t.status, t.paused, t.run_at, s.state,
+                                                  par.total = par.satisfied, s.attempts, s.max_attempts,
+                                                  s.retryable, s.next_attempt_at, p_as_of, s.lease_expires_at),
+                        -- Flow control last (ranks 10, 11), only for a step that could otherwise start: it reads
+                        -- the keys' state, which no other step needs.
+                        CASE WHEN s.concurrency_key IS NOT NULL OR s.rate_key IS NOT NULL
+                             THEN stepready._flow_blocked(s.concurrency_key, s.concurrency_limit, s.rate_key,
+                                                          s.rate_limit, s.rate_period_ms, p_as_of) END)
+                   AS blocked_reason
           FROM stepready.steps s
           JOIN stepready.tasks t ON t.id = s.task_id
           -- Parents are read from the table, never from the (possibly filtered) result set.
@@ -100,6 +148,7 @@ LANGUAGE sql STABLE
 AS $$
     SELECT t.id, t.status, c.total, c.pending, c.in_flight, c.waiting, c.completed, c.errored, c.skipped,
            c.cancelled, c.ready, c.next_attempt_at,
+           -- The order of execution_statuses().
            CASE
                WHEN t.status = 'cancelled' THEN 'cancelled'
                WHEN t.paused THEN 'paused'
@@ -107,6 +156,8 @@ AS $$
                WHEN c.ready > 0 THEN 'has_ready_steps'
                WHEN c.in_flight > 0 THEN 'processing'
                WHEN c.total > 0 AND c.satisfied = c.total THEN 'all_complete'
+               WHEN c.scheduled > 0 THEN 'scheduled'
+               WHEN c.flow > 0 THEN 'flow_limited'
                WHEN c.backoff > 0 THEN 'waiting_for_retry'
                ELSE 'waiting_for_dependencies'
            END
@@ -124,9 +175,11 @@ AS $$
                (count(*) FILTER (WHERE r.state = 'cancelled'))::int AS cancelled,
                (count(*) FILTER (WHERE stepready._satisfies(r.state)))::int AS satisfied,
                (count(*) FILTER (WHERE r.ready))::int AS ready,
-               -- Waiting only on its backoff: everything else would let it run. A delayed start (run_at,
-               -- reported as scheduled) is a delayed first attempt, like a backoff.
-               (count(*) FILTER (WHERE r.blocked_reason IN ('backoff', 'scheduled')))::int AS backoff,
+               -- Held by the task's run_at; held only by a flow control key; waiting only on its backoff
+               -- (everything else would let it run).
+               (count(*) FILTER (WHERE r.blocked_reason = 'scheduled'))::int AS scheduled,
+               (count(*) FILTER (WHERE r.blocked_reason IN ('concurrency_limited', 'rate_limited')))::int AS flow,
+               (count(*) FILTER (WHERE r.blocked_reason = 'backoff'))::int AS backoff,
                min(r.next_attempt_at) FILTER (WHERE r.state IN ('pending', 'waiting_for_retry')
                                                 AND r.next_attempt_at > p_as_of) AS next_attempt_at
           FROM stepready.step_readiness(ARRAY[t.id], NULL, p_as_of) r

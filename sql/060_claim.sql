@@ -201,7 +201,8 @@ $$;
 -- Returns the started attempts in claim order with what their handlers need: `attempt` is the fencing token
 -- (every later call of the attempt carries it), `attempt_number` the attempt's number within its iteration
 -- (what users, rules and events see; equal to the token until the step is reset or repeats).
-DROP FUNCTION IF EXISTS stepready.claim_and_start_steps(int, text, bigint, timestamptz); -- before attempt_number
+-- Dropped first: its result columns change (attempt_number, then deps, element and element_index).
+DROP FUNCTION IF EXISTS stepready.claim_and_start_steps(int, text, bigint, timestamptz);
 CREATE OR REPLACE FUNCTION stepready.claim_and_start_steps(
     p_limit int, p_worker text, p_lease_ms bigint, p_as_of timestamptz DEFAULT now())
 RETURNS TABLE (
@@ -216,11 +217,20 @@ RETURNS TABLE (
     iteration  int,
     context    jsonb,
     rules      jsonb,
-    attempt_number int)
+    attempt_number int,
+    deps       jsonb,
+    element    jsonb,
+    element_index int)
 LANGUAGE plpgsql
 -- Generic plans only: the statements are written for them (see start_steps), and a custom plan per call
 -- would re-plan every statement on every call (arrays make every custom plan look cheaper).
 SET plan_cache_mode = force_generic_plan
+-- Every row is looked up by key (steps by id, a step's edges by step_edges_child_idx, tasks by id), whatever the
+-- statistics say: a generic plan made while step_edges was empty read deps with a hash join over every step
+-- (measured: 0.9 s for a claim of 100 after 20,000 steps).
+SET enable_seqscan = off
+SET enable_hashjoin = off
+SET enable_mergejoin = off
 AS $$
 #variable_conflict use_column
 DECLARE
@@ -228,6 +238,7 @@ DECLARE
     v_states  text[];
     v_lease   timestamptz;
     v_details jsonb;
+    v_n       bigint;
 BEGIN
     SELECT b.p_ids, b.p_states, b.p_lease, b.p_details INTO v_ids, v_states, v_lease, v_details
       FROM stepready._claim_begin(p_limit, p_worker, p_lease_ms, p_as_of) b;
@@ -258,11 +269,29 @@ BEGIN
                AS e(n, event, from_state, to_state, attempt)
          ORDER BY c.ord, e.n
     )
-    SELECT c.id, c.task_id, c.name, c.handler, c.input, c.fence_token, c.timeout_ms, c.queue, c.iteration,
-           t.context, c.rules, c.attempts
+    -- SPEC §18: deps, and the input with its references resolved (only where it has `${`). An attempt whose input
+    -- does not resolve is not handed out: it is failed below (start_steps does the same).
+    SELECT c.id, c.task_id, c.name, c.handler, COALESCE(r.value, c.input), c.fence_token, c.timeout_ms,
+           c.queue, c.iteration, t.context, c.rules, c.attempts, d.deps, NULL::jsonb, NULL::int
       FROM started c
       JOIN stepready.tasks t ON t.id = c.task_id
+     -- _step_deps, written out (a SQL function with a FROM clause is not inlined): the child's edges by
+     -- step_edges_child_idx, each parent by primary key (a lateral lookup per edge: never a join of two sets).
+     CROSS JOIN LATERAL (SELECT COALESCE(jsonb_object_agg(p.name, p.output), '{}') AS deps
+                           FROM stepready.step_edges e
+                          CROSS JOIN LATERAL (SELECT q.name, q.output FROM stepready.steps q
+                                               WHERE q.id = e.parent_step_id
+                                                 AND q.state IN ('complete', 'resolved_manually') OFFSET 0) p
+                          WHERE e.child_step_id = c.id) d
+     -- Resolved only where the input has `${`: the subquery's filter on the outer row skips the call otherwise.
+     LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(c.input, d.deps, t.context, c.task_id) x
+                        WHERE c.input_refs) r ON true
+     WHERE r.problem IS NULL
      ORDER BY c.ord;
+    GET DIAGNOSTICS v_n = ROW_COUNT;
+    IF v_n < cardinality(v_ids) THEN
+        PERFORM stepready._fail_unresolved(v_ids, p_as_of);
+    END IF;
 END;
 $$;
 

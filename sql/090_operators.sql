@@ -252,6 +252,8 @@ DECLARE
     t stepready.tasks;
     n stepready.steps;
 BEGIN
+    -- SPEC §18: the output cap holds for an operator's output too (before any lock is taken).
+    PERFORM stepready._check_output_size(p_step_id, p_output);
     SELECT * INTO l FROM stepready._lock_step_and_task(p_step_id);
     s := l.p_step;
     t := l.p_task;

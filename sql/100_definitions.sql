@@ -274,7 +274,12 @@ AS $$
                 || CASE WHEN NULLIF(p_step -> 'rate_limit', 'null') IS NULL THEN ' (the task''s)' ELSE '' END,
             COALESCE(NULLIF(p_definition -> 'context', 'null'), '{}'),
             COALESCE(NULLIF(p_step -> 'input', 'null'), '{}')) END,
-        p_where || stepready._step_depends_on_problem(p_step -> 'depends_on'));
+        p_where || stepready._step_depends_on_problem(p_step -> 'depends_on'),
+        -- SPEC §18: references in the input (sql/019_dataflow.sql); ${deps.NAME} must name a direct parent.
+        CASE WHEN strpos((p_step -> 'input')::text, '${') > 0 THEN p_where || ': ' || stepready._input_refs_problem(
+            p_step -> 'input',
+            ARRAY(SELECT d.v #>> '{}' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_step -> 'depends_on') = 'array'
+                                                                     THEN p_step -> 'depends_on' END) AS d(v))) END);
 $$;
 
 -- What is wrong with step p_index (0-based) of a definition, on its own, as a whole message, or NULL: the full
@@ -417,8 +422,11 @@ BEGIN
     -- and say what is wrong.
     SELECT bool_and(COALESCE(k.ok, false)) INTO v_plain
       FROM jsonb_array_elements(p_definitions) AS e(d)
+     -- The definition's text once: its size, and whether it holds `${` anywhere (references in an input, SPEC §18:
+     -- such a definition takes the full checks).
+     CROSS JOIN LATERAL (SELECT e.d::text AS txt OFFSET 0) dt
      CROSS JOIN LATERAL (
-            SELECT octet_length(e.d::text) <= v_max AND stepready._plain_definition(e.d)
+            SELECT octet_length(dt.txt) <= v_max AND strpos(dt.txt, '${') = 0 AND stepready._plain_definition(e.d)
                    AND stepready._definition_head_problem(e.d) IS NULL
                    AND stepready._definition_steps_problem(e.d) IS NULL AS ok,
                    CASE WHEN jsonb_typeof(e.d -> 'steps') = 'array' THEN e.d -> 'steps' END AS steps
@@ -480,7 +488,7 @@ BEGIN
      CROSS JOIN LATERAL jsonb_to_record(CASE WHEN jsonb_typeof(s.st) = 'object' THEN s.st END)
            AS f(name jsonb, handler jsonb, depends_on jsonb)
      CROSS JOIN LATERAL (SELECT CASE
-                WHEN stepready._plain_step(s.st, e.d)
+                WHEN stepready._plain_step(s.st, e.d) AND COALESCE(strpos((s.st -> 'input')::text, '${'), 0) = 0
                     THEN 'steps[' || (s.o - 1) || ']' || stepready._plain_step_problem(f.name, f.handler, f.depends_on)
                 ELSE stepready._step_check(s.st, (s.o - 1)::int, e.d, v_presets) END AS m) p
      WHERE e.ord < v_bound AND p.m IS NOT NULL

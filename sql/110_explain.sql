@@ -3,26 +3,19 @@
 -- cannot drift apart: the conditions are the ones of stepready._blocked_reason (050_readiness.sql), each one
 -- tested on its own instead of in a CASE.
 --
--- Reasons and their rank (the precedence of step_readiness.blocked_reason; rows are ordered by it, so the first
--- row of a step is always its blocked_reason):
---   1 task_not_active           the task is not pending or in_progress
---   2 task_paused               the task is paused
---   3 scheduled                 the task's run_at is after p_as_of (SPEC §15)
---   4 terminal                  the step is complete, error, skipped, cancelled or resolved_manually
---   5 in_flight                 the step is enqueued or in_progress, or was made ready again while an earlier
---                               attempt of it still runs (an orphaned lease, sql/046_leases.sql)
---   6 waiting_for_dependencies  one row per parent that does not satisfy the dependency
---   7 not_retryable             attempts >= 1 and the step is not retryable
---   8 retries_exhausted         attempts >= max_attempts (and the step is retryable)
---   9 backoff                   next_attempt_at > p_as_of (not reported when it is the task's run_at, already
---                               reported as scheduled)
---  10 concurrency_limited       _flow_refusal of the step's concurrency key (SPEC §14): its limit of slots taken
---  11 rate_limited              _flow_refusal of the step's rate key: no token before the next one arrives
--- Ranks 1-5 are reported for every step. Ranks 6-11 only for a step waiting to start (pending or
--- waiting_for_retry): for a terminal or in-flight step they decide nothing (a complete step with attempts =
--- max_attempts is not "exhausted"), and reporting them would only mislead.
+-- The reasons and their ranks are stepready.readiness_reasons() (050_readiness.sql), the one list: each row's rank is
+-- read from it, and rows are ordered by it, so the first row of a step is always its blocked_reason. Each branch
+-- below tests one reason's condition on its own, in the list's order:
+--   task_not_active, task_paused, scheduled, terminal, in_flight: reported for every step;
+--   waiting_for_dependencies (one row per parent that does not satisfy the dependency), not_retryable,
+--   retries_exhausted, backoff (not when next_attempt_at is the task's run_at, reported as scheduled, or the end of
+--   an orphaned lease, reported as in_flight), concurrency_limited, rate_limited (both through _flow_refusal, the
+--   claim's rule): only for a step waiting to start (pending or waiting_for_retry). For a terminal or in-flight
+--   step they decide nothing (a complete step with attempts = max_attempts is not "exhausted"), and reporting
+--   them would only mislead.
 
--- A wait in plain words: "850ms" is never shown, "0.9s", "1m05s", "2h03m".
+-- A wait in plain words, as the CLI prints durations: "850ms" is never shown, "0.9s", "1m05s", "2h03m", and from
+-- two days on days and hours, "3d04h" (not "27179h28m").
 CREATE OR REPLACE FUNCTION stepready._explain_duration(p_ms bigint)
 RETURNS text
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -30,7 +23,8 @@ AS $$
     SELECT CASE
         WHEN p_ms < 60000 THEN round(p_ms / 1000.0, 1)::text || 's'
         WHEN p_ms < 3600000 THEN (p_ms / 60000)::text || 'm' || lpad(((p_ms % 60000) / 1000)::text, 2, '0') || 's'
-        ELSE (p_ms / 3600000)::text || 'h' || lpad(((p_ms % 3600000) / 60000)::text, 2, '0') || 'm'
+        WHEN p_ms < 48 * 3600000 THEN (p_ms / 3600000)::text || 'h' || lpad(((p_ms % 3600000) / 60000)::text, 2, '0') || 'm'
+        ELSE (p_ms / 86400000)::text || 'd' || lpad(((p_ms % 86400000) / 3600000)::text, 2, '0') || 'h'
     END;
 $$;
 
@@ -69,15 +63,15 @@ AS $$
          WHERE (p_task_ids IS NULL OR s.task_id = ANY (p_task_ids))
            AND (p_step_ids IS NULL OR s.id = ANY (p_step_ids))
     ), r AS (
-        SELECT s.*, 1 AS rank, 'task_not_active' AS reason, format('task %s', s.task_status) AS message,
+        SELECT s.*, 'task_not_active' AS reason, format('task %s', s.task_status) AS message,
                NULL::bigint AS p_id, NULL::text AS p_name, NULL::text AS p_state, NULL::int AS p_attempts,
                NULL::int AS p_max
           FROM s WHERE s.task_status NOT IN ('pending', 'in_progress')
         UNION ALL
-        SELECT s.*, 2, 'task_paused', 'task paused', NULL, NULL, NULL, NULL, NULL
+        SELECT s.*, 'task_paused', 'task paused', NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.task_paused
         UNION ALL
-        SELECT s.*, 3, 'scheduled',
+        SELECT s.*, 'scheduled',
                format('scheduled: starts at %s (in %s)',
                       to_char(s.task_run_at,
                               CASE WHEN s.task_run_at::date = p_as_of::date THEN 'HH24:MI:SS'
@@ -86,17 +80,17 @@ AS $$
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.task_run_at > p_as_of
         UNION ALL
-        SELECT s.*, 4, 'terminal', format('step is %s', s.state), NULL, NULL, NULL, NULL, NULL
+        SELECT s.*, 'terminal', format('step is %s', s.state), NULL, NULL, NULL, NULL, NULL
           FROM s WHERE stepready._is_terminal(s.state)
         UNION ALL
-        SELECT s.*, 5, 'in_flight',
+        SELECT s.*, 'in_flight',
                format('in flight: %s, attempt %s/%s', s.state,
                       CASE WHEN s.state = 'in_progress' THEN s.attempts ELSE s.attempts + 1 END,
                       COALESCE(s.max_attempts, 3)),
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.state IN ('enqueued', 'in_progress')
         UNION ALL
-        SELECT s.*, 5, 'in_flight',
+        SELECT s.*, 'in_flight',
                format('in flight: an earlier attempt (worker %s) has not ended; it holds the step until it reports '
                       'or its lease expires at %s (in %s)', COALESCE(s.lease_owner, 'unknown'),
                       to_char(s.lease_expires_at,
@@ -107,7 +101,7 @@ AS $$
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of)
         UNION ALL
-        SELECT s.*, 6, 'waiting_for_dependencies',
+        SELECT s.*, 'waiting_for_dependencies',
                format('waiting for `%s` (%s, attempt %s/%s)', ps.name, ps.state, ps.attempts,
                       COALESCE(ps.max_attempts, 3)),
                ps.id, ps.name, ps.state, ps.attempts, ps.max_attempts
@@ -116,15 +110,15 @@ AS $$
           JOIN stepready.steps ps ON ps.id = e.parent_step_id
          WHERE s.waiting AND NOT stepready._satisfies(ps.state)
         UNION ALL
-        SELECT s.*, 7, 'not_retryable', 'not retryable after first attempt', NULL, NULL, NULL, NULL, NULL
+        SELECT s.*, 'not_retryable', 'not retryable after first attempt', NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND NOT s.eligible AND NOT COALESCE(s.retryable, true)
         UNION ALL
-        SELECT s.*, 8, 'retries_exhausted',
+        SELECT s.*, 'retries_exhausted',
                format('retries exhausted %s/%s', s.attempts, COALESCE(s.max_attempts, 3)),
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND NOT s.eligible AND COALESCE(s.retryable, true)
         UNION ALL
-        SELECT s.*, 9, 'backoff',
+        SELECT s.*, 'backoff',
                format('backoff until %s (in %s)',
                       -- The date only when it is not the day of p_as_of (session time zone).
                       to_char(s.next_attempt_at,
@@ -138,7 +132,7 @@ AS $$
                    -- the wait for an earlier attempt's end (_orphan_hold), already reported as in_flight
                    AND s.next_attempt_at IS DISTINCT FROM stepready._orphan_hold(s.lease_expires_at, p_as_of)
         UNION ALL
-        SELECT s.*, 10, 'concurrency_limited',
+        SELECT s.*, 'concurrency_limited',
                format('concurrency limited by %s: %s of %s in flight', s.concurrency_key, c.in_flight, c.lim),
                NULL, NULL, NULL, NULL, NULL
           FROM s
@@ -149,7 +143,7 @@ AS $$
          WHERE s.waiting AND s.concurrency_key IS NOT NULL
            AND stepready._flow_refusal(c.in_flight, c.lim, NULL, NULL, NULL, p_as_of) = 'concurrency_limited'
         UNION ALL
-        SELECT s.*, 11, 'rate_limited',
+        SELECT s.*, 'rate_limited',
                format('rate limited by %s: next slot in %s', s.rate_key,
                       stepready._explain_duration(ceil(extract(epoch FROM n.at - p_as_of) * 1000)::bigint)),
                NULL, NULL, NULL, NULL, NULL
@@ -164,12 +158,13 @@ AS $$
               LEFT JOIN stepready.flow_limits l ON l.key = s.rate_key) n
          WHERE s.waiting AND s.rate_key IS NOT NULL AND n.why = 'rate_limited'
     )
-    SELECT r.task_id, r.id, r.name, r.state, r.rank, r.reason, r.message, r.p_id, r.p_name, r.p_state,
+    SELECT r.task_id, r.id, r.name, r.state, rr.rank, r.reason, r.message, r.p_id, r.p_name, r.p_state,
            r.p_attempts, r.p_max, r.attempts, r.max_attempts, r.retryable, r.next_attempt_at,
            CASE WHEN r.next_attempt_at > p_as_of
                 THEN ceil(extract(epoch FROM r.next_attempt_at - p_as_of) * 1000)::bigint END
       FROM r
-     ORDER BY r.task_id, r.id, r.rank, r.p_id;
+      JOIN stepready.readiness_reasons() rr ON rr.reason = r.reason
+     ORDER BY r.task_id, r.id, rr.rank, r.p_id;
 $$;
 
 -- Every reason step p_step_id is not ready at p_as_of, one row per reason in precedence order (one row per

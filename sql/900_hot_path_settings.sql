@@ -33,7 +33,7 @@ BEGIN
                -- triggers of plain INSERTs and UPDATEs
                '_steps_materialize', '_tasks_validate_retry', '_tasks_notify_run_at', '_step_edges_validate',
                '_step_edges_count', '_steps_count_rows', '_steps_notify', '_steps_after_update',
-               '_steps_delete_edges')
+               '_steps_delete_edges', '_steps_check_refs')
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET jit = off', r.fn);
     END LOOP;

@@ -31,10 +31,20 @@ type Step struct {
 	// Handler is the registered handler name the step asked for.
 	Handler string
 	// Input is the step's JSON input for this iteration (the definition's input, or the next input chosen by the
-	// previous iteration of a repeating step).
+	// previous iteration of a repeating step), with its references (`${deps.NAME.PATH}`, `${context.PATH}`,
+	// `${task.id}`: SPEC §18, docs/dataflow.md) resolved by the database when the attempt started.
 	Input json.RawMessage
 	// Context is the task's JSON context.
 	Context json.RawMessage
+	// Deps is a JSON object with one member per direct parent that is complete or resolved_manually, named by
+	// the parent's step name, whose value is that parent's output (a skipped parent has none; `{}` for a step
+	// without such parents). Read one member with Dep.
+	Deps json.RawMessage
+	// Element is the array item a map step's element works on (SPEC §19); empty for a step that is not an
+	// element.
+	Element json.RawMessage
+	// Index is the element's 0-based position in its map step's array, or -1 for a step that is not an element.
+	Index int
 	// Attempt is the 1-based number of this attempt within the current iteration (what rules see as `attempt`,
 	// and events and logs record). It starts again at 1 after the step is reset or repeats, so it does not
 	// identify a run: the executor fences every write of the attempt with the step's fencing token instead
@@ -63,6 +73,48 @@ func (s *Step) DecodeInput(v any) error {
 	}
 	return nil
 }
+
+// Dep unmarshals the output of the direct parent named name (from Deps) into v. It returns a *DepError wrapped
+// as a permanent failure when the step has no such member (the parent is not a direct parent, or was skipped)
+// or when the output does not decode into v: neither changes on the next attempt.
+func (s *Step) Dep(name string, v any) error {
+	var deps map[string]json.RawMessage
+	if len(s.Deps) > 0 {
+		if err := json.Unmarshal(s.Deps, &deps); err != nil {
+			return Permanent(&DepError{Step: s.Name, Dep: name, Err: err})
+		}
+	}
+	raw, ok := deps[name]
+	if !ok {
+		return Permanent(&DepError{Step: s.Name, Dep: name, Err: ErrNoDep})
+	}
+	if err := json.Unmarshal(raw, v); err != nil {
+		return Permanent(&DepError{Step: s.Name, Dep: name, Err: err})
+	}
+	return nil
+}
+
+// ErrNoDep is the cause of a DepError whose parent has no member in deps: it is not a direct parent of the
+// step, or it was skipped.
+var ErrNoDep = errors.New("no such member in deps (not a direct parent, or skipped)")
+
+// DepError reports a parent's output that Step.Dep cannot give.
+type DepError struct {
+	// Step is the step's name.
+	Step string
+	// Dep is the parent's name that was asked for.
+	Dep string
+	// Err is the cause: ErrNoDep, or the decoding error.
+	Err error
+}
+
+// Error implements error.
+func (e *DepError) Error() string {
+	return "step " + e.Step + ": deps." + e.Dep + ": " + e.Err.Error()
+}
+
+// Unwrap returns the cause.
+func (e *DepError) Unwrap() error { return e.Err }
 
 // InputError reports a step input that does not decode into what the handler expects.
 type InputError struct {

@@ -32,7 +32,7 @@ type Error struct {
 	// HTTPStatus is the HTTP status of the failed call, when there was one.
 	HTTPStatus int
 	// RetryAfter, when set, is the exact delay before the next attempt (a server's Retry-After, say). It is used
-	// as is: no backoff, no jitter, no cap. It must not be negative (SPEC §4): a negative delay is bad input, and
+	// as is: no backoff, no jitter, no cap. It must not be negative (docs/retry.md): a negative delay is bad input, and
 	// the attempt is recorded as a `contract_failure` whose message names the value and keeps Class and Err.
 	RetryAfter *time.Duration
 	// NotRetryable forces the failure to be final whatever the class says.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
+	"github.com/stepready/stepready/internal/readmodel"
 	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/migrations"
 )
@@ -23,10 +25,12 @@ import (
 // format, an optional pinned time, and the translation of the database's refusals into plain errors. The
 // commands call stepready's SQL functions and print what they return; no rule is re-derived in Go.
 
-// Output formats of --output.
+// Output formats of --output. table and json are every command's; id (`task create`) prints only the ids, one
+// per line, for a script to capture.
 const (
 	outputTable = "table"
 	outputJSON  = "json"
+	outputID    = "id"
 )
 
 // dbOptions are the flags every database command has.
@@ -51,13 +55,13 @@ func addAsOfFlag(cmd *cobra.Command, o *dbOptions) {
 	setDefaultText(cmd.Flags(), "as-of", "database now")
 }
 
-// format checks --output.
-func (o *dbOptions) format() (string, error) {
-	switch o.output {
-	case outputTable, outputJSON:
+// format checks --output: table, json, or one of the extra formats the command offers.
+func (o *dbOptions) format(extra ...string) (string, error) {
+	if o.output == outputTable || o.output == outputJSON || slices.Contains(extra, o.output) {
 		return o.output, nil
 	}
-	return "", usagef("--output %q: want %s or %s", o.output, outputTable, outputJSON)
+	want := strings.Join(append([]string{outputTable}, extra...), ", ")
+	return "", usagef("--output %q: want %s or %s", o.output, want, outputJSON)
 }
 
 // connect opens one connection to the database named by --database-url (or the environment). It works through
@@ -84,7 +88,12 @@ func (o *dbOptions) connect(ctx context.Context) (*pgx.Conn, error) {
 
 // withConn validates --output, connects and runs f, closing the connection afterwards.
 func (o *dbOptions) withConn(ctx context.Context, f func(conn *pgx.Conn, format string) error) error {
-	format, err := o.format()
+	return o.withConnFormats(ctx, nil, f)
+}
+
+// withConnFormats is withConn for a command that offers the extra output formats besides table and json.
+func (o *dbOptions) withConnFormats(ctx context.Context, extra []string, f func(conn *pgx.Conn, format string) error) error {
+	format, err := o.format(extra...)
 	if err != nil {
 		return err
 	}
@@ -124,14 +133,11 @@ func isSchemaMismatch(err error) bool {
 // dbNow returns --as-of, or the database's current time when it is not set. Every time printed is relative to
 // it, so that a client with a wrong clock still prints the truth.
 func (o *dbOptions) dbNow(ctx context.Context, q pgx.Tx) (time.Time, error) {
-	if at, err := o.asOfTime(); err != nil || at != nil {
-		return deref(at), err
-	}
-	var now time.Time
-	if err := q.QueryRow(ctx, `SELECT now()`).Scan(&now); err != nil {
+	at, err := o.asOfTime()
+	if err != nil {
 		return time.Time{}, err
 	}
-	return now, nil
+	return readmodel.Now(ctx, q, at)
 }
 
 // asOfTime returns --as-of, or nil when it is not given (the database's clock then).
@@ -144,15 +150,6 @@ func (o *dbOptions) asOfTime() (*time.Time, error) {
 		return nil, usagef("--as-of %q: want an RFC 3339 time such as 2030-01-01T12:00:00Z", o.asOf)
 	}
 	return &t, nil
-}
-
-// deref returns what p points to, or the zero value.
-func deref[T any](p *T) T {
-	var zero T
-	if p == nil {
-		return zero
-	}
-	return *p
 }
 
 // dbError turns an error raised by a stepready function into the database's own message: a refusal such as
@@ -277,17 +274,9 @@ func parseStepRef(arg string) (stepRef, error) {
 }
 
 // resolve returns the step's id, looking a TASK_ID/STEP_NAME reference up.
-func (r stepRef) resolve(ctx context.Context, q interface {
-	QueryRow(context.Context, string, ...any) pgx.Row
-},
-) (int64, error) {
+func (r stepRef) resolve(ctx context.Context, q readmodel.Querier) (int64, error) {
 	if r.name == "" {
 		return r.id, nil
 	}
-	var id int64
-	err := q.QueryRow(ctx, `SELECT id FROM stepready.steps WHERE task_id = $1 AND name = $2`, r.taskID, r.name).Scan(&id)
-	if errors.Is(err, pgx.ErrNoRows) {
-		return 0, fmt.Errorf("task %d has no step %q", r.taskID, r.name)
-	}
-	return id, err
+	return readmodel.StepID(ctx, q, r.taskID, r.name)
 }

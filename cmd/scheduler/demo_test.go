@@ -42,7 +42,10 @@ func TestDemoPrintsTheLiveAccount(t *testing.T) {
 				`permanent#\d+ +charge_card +attempt 1 failed \(permanent: card declined\) — not retryable`,
 				`task permanent#\d+ error`,
 				// The summary.
-				`summary: 4 tasks in `,
+				// Data between steps (SPEC §18).
+				`dataflow#\d+ +report +completed`,
+				`dataflow#\d+ +complete +list: complete · pick: complete · report: complete`,
+				`summary: 5 tasks in `,
 				`flaky#\d+ +complete +call_api: complete after 3 attempts`,
 				`permanent#\d+ +error +charge_card: error after 1 attempt \(permanent, not retryable\) · ship_order: pending`,
 			} {

@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/spf13/cobra"
 
+	"github.com/stepready/stepready/internal/readmodel"
 	"github.com/stepready/stepready/internal/store"
 )
 
@@ -46,8 +47,8 @@ func newFlowListCommand(o *dbOptions) *cobra.Command {
 					}
 					return writeJSON(cmd.OutOrStdout(), keys)
 				}
-				var now time.Time
-				if err := conn.QueryRow(cmd.Context(), `SELECT now()`).Scan(&now); err != nil {
+				now, err := readmodel.Now(cmd.Context(), conn, nil)
+				if err != nil {
 					return err
 				}
 				tw := newTable(cmd.OutOrStdout())

@@ -61,7 +61,7 @@ func newPruneCommand(_ *globalOptions) *cobra.Command {
 				if dryRun {
 					verb = "would be pruned (dry run: nothing deleted)"
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "%d tasks %s: %s, finished before %s\n", res.Pruned, verb,
+				fmt.Fprintf(cmd.OutOrStdout(), "%s %s: %s, finished before %s\n", countOf(int(res.Pruned), "task"), verb,
 					strings.Join(statuses, ", "), res.FinishedBefore.UTC().Format(time.RFC3339))
 				return nil
 			})

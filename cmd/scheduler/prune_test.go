@@ -30,7 +30,7 @@ func TestPrune(t *testing.T) {
 
 	stdout, stderr, err = b.run("prune", "--older-than", "1h")
 	require.NoError(t, err, stderr)
-	require.Contains(t, stdout, "1 tasks pruned: complete, cancelled, finished before ")
+	require.Contains(t, stdout, "1 task pruned: complete, cancelled, finished before ")
 	require.Equal(t, int64(0), b.int64(`SELECT count(*) FROM stepready.tasks WHERE id = 1`))
 
 	stdout, _, err = b.run("prune", "--older-than", "0s", "--status", "complete")
@@ -38,7 +38,7 @@ func TestPrune(t *testing.T) {
 	require.Contains(t, stdout, "0 tasks pruned: complete,")
 	stdout, _, err = b.run("prune", "--older-than", "0s", "--status", "cancelled,error")
 	require.NoError(t, err)
-	require.Contains(t, stdout, "1 tasks pruned")
+	require.Contains(t, stdout, "1 task pruned")
 	require.Equal(t, int64(1), b.int64(`SELECT count(*) FROM stepready.tasks`), "the pending task stays")
 
 	_, _, err = b.run("prune", "--older-than", "1h", "--status", "pending")

@@ -8,6 +8,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/spf13/cobra"
 
+	"github.com/stepready/stepready/internal/readmodel"
 	"github.com/stepready/stepready/schedules"
 )
 
@@ -99,9 +100,8 @@ func newScheduleCreateCommand(o *dbOptions) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				var known bool
-				if err := conn.QueryRow(cmd.Context(), `SELECT EXISTS (SELECT 1 FROM stepready.task_templates
-						WHERE name = $1)`, d.Template).Scan(&known); err != nil {
+				known, err := readmodel.TemplateExists(cmd.Context(), conn, d.Template)
+				if err != nil {
 					return err
 				}
 				if !known {
@@ -159,8 +159,8 @@ func newScheduleListCommand(o *dbOptions) *cobra.Command {
 					}
 					return writeJSON(cmd.OutOrStdout(), list)
 				}
-				var now time.Time
-				if err := conn.QueryRow(cmd.Context(), `SELECT now()`).Scan(&now); err != nil {
+				now, err := readmodel.Now(cmd.Context(), conn, nil)
+				if err != nil {
 					return err
 				}
 				tw := newTable(cmd.OutOrStdout())

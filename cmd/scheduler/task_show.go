@@ -1,7 +1,9 @@
 package main
 
 import (
+	"cmp"
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -13,72 +15,12 @@ import (
 	"github.com/stepready/stepready/internal/readmodel"
 )
 
-// Inspection: `scheduler task list`, `task show` and `task events`. Readiness and the execution status come from
-// step_readiness and task_execution_context; Go only lays them out.
+// Inspection of one task: `scheduler task show` (`task list` is in task_list.go, `task events` in
+// task_events.go). Readiness and the execution status come from step_readiness and task_execution_context, through
+// internal/readmodel; Go only lays them out.
 
 // terminalStates are the step states no attempt follows (SPEC §5).
 var terminalStates = []string{"complete", "error", "skipped", "cancelled", "resolved_manually"}
-
-// taskStatuses are the choices of --status: the values of tasks.status (SPEC §2), and paused.
-var taskStatuses = readmodel.TaskFilterStatuses
-
-func newTaskListCommand(o *dbOptions) *cobra.Command {
-	var (
-		status, name string
-		limit        int
-	)
-	cmd := &cobra.Command{
-		Use:   "list",
-		Short: "List tasks, newest first",
-		Example: "  scheduler task list\n" +
-			"  scheduler task list --status error --limit 10\n" +
-			"  scheduler task list --name etl --output json",
-		Args: usageArgs(cobra.NoArgs),
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if status != "" && !slices.Contains(taskStatuses, status) {
-				return usagef("--status %q: want one of %s", status, strings.Join(taskStatuses, ", "))
-			}
-			if limit < 1 {
-				return usagef("--limit %d: must be 1 or more", limit)
-			}
-			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-				tx, err := conn.BeginTx(cmd.Context(), pgx.TxOptions{AccessMode: pgx.ReadOnly})
-				if err != nil {
-					return err
-				}
-				defer func() { _ = tx.Rollback(context.WithoutCancel(cmd.Context())) }()
-				now, err := o.dbNow(cmd.Context(), tx)
-				if err != nil {
-					return err
-				}
-				tasks, err := readmodel.ListTasks(cmd.Context(), tx, readmodel.TaskFilter{Status: status, Name: name,
-					Limit: limit})
-				if err != nil {
-					return err
-				}
-				if format == outputJSON {
-					return writeJSON(cmd.OutOrStdout(), tasks)
-				}
-				tw := newTable(cmd.OutOrStdout())
-				fmt.Fprintln(tw, "ID\tNAME\tSTATUS\tSTEPS\tCREATED\tUPDATED")
-				for _, t := range tasks {
-					st := t.Status
-					if t.Paused {
-						st += " (paused)"
-					}
-					fmt.Fprintf(tw, "%d\t%s\t%s\t%d\t%s\t%s\n", t.ID, termSafe(t.Name), st, t.Steps, relative(t.CreatedAt, now),
-						relative(t.UpdatedAt, now))
-				}
-				return tw.Flush()
-			})
-		},
-	}
-	cmd.Flags().StringVar(&status, "status", "", "only tasks with this status: "+strings.Join(taskStatuses, ", "))
-	cmd.Flags().StringVar(&name, "name", "", "only tasks with this name")
-	cmd.Flags().IntVar(&limit, "limit", 50, "at most this many tasks")
-	addAsOfFlag(cmd, o)
-	return cmd
-}
 
 // taskShow is what `scheduler task show` prints: the read model's task detail (its JSON form), and the steps
 // laid out as a tree for the table.
@@ -99,7 +41,8 @@ func newTaskShowCommand(o *dbOptions) *cobra.Command {
 		Short: "Show a task's steps as a tree: state, attempt a/max, next attempt, last error",
 		Long: "Show a task and its steps as an indented tree (a step under its deepest parent chain, its other\n" +
 			"parents listed after it): state, attempt a/max, when the next attempt may start (\"in 3.2s\"),\n" +
-			"whether it is ready or why not (step_readiness), and the last error's class and message.",
+			"whether it is ready or why not (step_readiness's first reason, in explain's words), and the last\n" +
+			"error's class and message. The heading names the task's execution status (task_execution_context).",
 		Example: "  scheduler task show 12\n  scheduler task show 12 --output json",
 		Args:    usageArgs(cobra.ExactArgs(1)),
 		RunE: func(cmd *cobra.Command, args []string) error {
@@ -189,7 +132,7 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 	}
 	fmt.Fprintln(out)
 	tw := newTable(out)
-	fmt.Fprintln(tw, "STEP\tID\tSTATE\tATTEMPT\tNEXT ATTEMPT\tREADY\tLAST ERROR")
+	fmt.Fprintln(tw, "STEP\tID\tSTATE\tATTEMPT\tNEXT ATTEMPT\tREADY\tLAST ERROR\tOUTPUT")
 	for _, s := range t.tree {
 		name := strings.Repeat("  ", s.depth) + termSafe(s.Name)
 		if len(s.Parents) > 1 {
@@ -206,15 +149,28 @@ func (t *taskShow) writeTable(cmd *cobra.Command) {
 		case slices.Contains(terminalStates, s.State):
 			ready = "-" // finished: readiness no longer applies
 		case !s.Ready:
-			ready = orDash(s.BlockedReason)
-			if s.BlockedReason != nil && (*s.BlockedReason == "concurrency_limited" || *s.BlockedReason == "rate_limited") {
-				ready = termSafe(s.Why) // names the key: "concurrency limited by tenant:7: 2 of 2 in flight"
-			}
+			// explain's words for the first reason, as the console and `scheduler explain` print them ("backoff
+			// until 12:00:03 (in 1.8s)", "rate limited by api:partner: next slot in 0.8s"); the reason itself is
+			// blocked_reason in the JSON.
+			ready = termSafe(cmp.Or(s.Why, orDash(s.BlockedReason)))
 		}
-		fmt.Fprintf(tw, "%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\n", name, s.ID, s.State, s.Attempts, orDash(s.MaxAttempts),
-			next, ready, lastError(s.Step))
+		fmt.Fprintf(tw, "%s\t%d\t%s\t%d/%s\t%s\t%s\t%s\t%s\n", name, s.ID, s.State, s.Attempts, orDash(s.MaxAttempts),
+			next, ready, lastError(s.Step), outputCell(s.Output))
 	}
 	_ = tw.Flush()
+}
+
+// outputCell is a step's output in the steps table: its JSON on one line, cut at 40 characters ("-" for none).
+// `task show --output json` and `step show` print it whole.
+func outputCell(doc json.RawMessage) string {
+	if len(doc) == 0 || string(doc) == "null" {
+		return "-"
+	}
+	r := []rune(string(doc))
+	if len(r) > 40 {
+		return termSafe(string(r[:37])) + "..."
+	}
+	return termSafe(string(r))
 }
 
 // lastError prints the step's last error as every face does (readmodel.Step.LastErrorText), shortened for a
@@ -228,45 +184,4 @@ func lastError(s readmodel.Step) string {
 		msg = strings.ToValidUTF8(msg[:77], "") + "..."
 	}
 	return termSafe(msg)
-}
-
-func newTaskEventsCommand(o *dbOptions) *cobra.Command {
-	cmd := &cobra.Command{
-		Use:     "events TASK_ID",
-		Short:   "Print the task's step_events timeline, oldest first",
-		Long:    "Print the task's history (stepready.step_events), oldest first: time (UTC), step, attempt, event, state change and details (error, class, chosen delay, jitter sample…).",
-		Example: "  scheduler task events 12\n  scheduler task events 12 --output json",
-		Args:    usageArgs(cobra.ExactArgs(1)),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			id, err := parseID("TASK_ID", args[0])
-			if err != nil {
-				return err
-			}
-			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-				events, err := readmodel.TaskTimeline(cmd.Context(), conn, id)
-				if err != nil {
-					return err
-				}
-				if format == outputJSON {
-					return writeJSON(cmd.OutOrStdout(), events)
-				}
-				tw := newTable(cmd.OutOrStdout())
-				fmt.Fprintln(tw, "AT\tSTEP\tATTEMPT\tEVENT\tSTATE\tDETAILS")
-				for _, e := range events {
-					change := "-"
-					if e.FromState != nil || e.ToState != nil {
-						change = orDash(e.FromState) + " → " + orDash(e.ToState)
-					}
-					details := string(e.Details)
-					if details == "{}" || details == "" {
-						details = "-"
-					}
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.At.UTC().Format("2006-01-02 15:04:05.000"),
-						termSafePtr(e.StepName), orDash(e.Attempt), e.Event, change, termSafe(details))
-				}
-				return tw.Flush()
-			})
-		},
-	}
-	return cmd
 }

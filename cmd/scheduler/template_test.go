@@ -68,7 +68,7 @@ func TestTemplateApplyListAndTaskCreate(t *testing.T) {
 	task := writeFile(t, dir, "task.yaml", "name: adhoc\nidempotency_key: adhoc-1\nsteps:\n  - {name: one, handler: noop}\n")
 	stdout, stderr, err = b.run("task", "create", "-f", task)
 	require.NoError(t, err, stderr)
-	require.Equal(t, "task 2 created from "+task+" (1 steps)\n", stdout)
+	require.Equal(t, "task 2 created from "+task+" (1 step)\n", stdout)
 	stdout, _, err = b.run("task", "create", "-f", task)
 	require.NoError(t, err)
 	require.Equal(t, "task 2 already exists with idempotency key \"adhoc-1\": nothing created\n", stdout)
@@ -144,6 +144,8 @@ func TestTemplateValidationErrors(t *testing.T) {
 			_, _, err = b.run("task", "create", "-f", bad)
 			require.Error(t, err)
 			require.Contains(t, err.Error(), tt.want)
+			require.NotContains(t, err.Error(), "definitions[0]", "one task's errors name no index")
+			require.NotContains(t, err.Error(), "stepready:", "the database's words, not the library's wrapping")
 		})
 	}
 	// Nothing was stored: the good file shared a transaction with every bad one.

@@ -48,15 +48,17 @@ SELECT t.id, t.name, t.namespace, t.status, t.paused, t.steps_total, t.steps_uns
 
 -- name: steps
 -- ReadTask, ReadStep: the steps of task $1 ($3: these steps only, NULL = all) with step_readiness at $2, the
--- first explain message of a step that is not ready (the rank order of blocked_reason), and its parents' names.
+-- first explain message of a step that is not ready (the rank order of blocked_reason), its parents' names and
+-- its output.
 SELECT s.id, s.name, s.handler, s.queue, s.state, s.attempts, s.max_attempts, s.next_attempt_at, r.ready,
        r.blocked_reason,
        CASE WHEN NOT r.ready THEN
-           (SELECT x.message FROM stepready.explain_step(s.id, $2) x ORDER BY x.rank LIMIT 1)
+           (SELECT x.message FROM stepready.explain_step(s.id, $2) x ORDER BY x.rank, x.parent_step_id LIMIT 1)
        END,
        s.last_error,
        ARRAY(SELECT p.name FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
-              WHERE e.child_step_id = s.id ORDER BY p.id)
+              WHERE e.child_step_id = s.id ORDER BY p.id),
+       s.output
   FROM stepready.steps s
   JOIN stepready.step_readiness(ARRAY[$1]::bigint[], $3, $2) r ON r.step_id = s.id
  ORDER BY s.id;
@@ -135,9 +137,18 @@ SELECT ev.step_id,
  ORDER BY started, ev.step_id;
 
 -- name: step
--- ReadStep: what the step page shows beyond its row in steps: its task, input, output, iteration.
-SELECT s.task_id, s.input, s.output, s.iteration, s.max_iterations, s.timeout_ms, s.priority, s.retry_policy
-  FROM stepready.steps s WHERE s.task_id = $1 AND s.id = $2;
+-- ReadStep: what the step page shows beyond its row in steps: its task, input, output, iteration; its deps and
+-- its input resolved against them now (SPEC §18: the functions the start uses, sql/019_dataflow.sql), or why it
+-- does not resolve yet.
+SELECT s.task_id, s.input, s.output, s.iteration, s.max_iterations, s.timeout_ms, s.priority, s.retry_policy,
+       d.deps, CASE WHEN s.input_refs THEN r.value ELSE s.input END, r.problem
+  FROM stepready.steps s
+ CROSS JOIN LATERAL (SELECT stepready._step_deps(s.id) AS deps) d
+  LEFT JOIN LATERAL (SELECT x.value, x.problem
+                       FROM stepready._resolve_input(s.input, d.deps,
+                                (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id), s.task_id) x
+                      WHERE s.input_refs) r ON true
+ WHERE s.task_id = $1 AND s.id = $2;
 
 -- name: step_by_name
 -- StepID: the id of step $2 of task $1.
@@ -160,6 +171,15 @@ SELECT x.step_id, x.reason, x.message, x.parent_step_id, x.parent_name, x.parent
        x.parent_max_attempts, x.next_attempt_at, x.wait_ms
   FROM stepready.explain_step($1, $2) x
  ORDER BY x.rank;
+
+-- name: template_exists
+-- TemplateExists: whether any version of template $1 is stored.
+SELECT EXISTS (SELECT 1 FROM stepready.task_templates WHERE name = $1);
+
+-- name: created_task
+-- CreatedTask: the number of steps of task $1 and its run_at when it is still to come.
+SELECT (SELECT count(*)::int FROM stepready.steps s WHERE s.task_id = t.id), CASE WHEN t.run_at > now() THEN t.run_at END
+  FROM stepready.tasks t WHERE t.id = $1;
 
 -- name: templates
 -- Templates: every version of every template, by name and version; whether it is the newest, its step count.

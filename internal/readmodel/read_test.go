@@ -403,6 +403,16 @@ func TestEveryQueryRuns(t *testing.T) {
 	require.NoError(t, err)
 	_, err = readmodel.Templates(ctx, r)
 	require.NoError(t, err)
+	for name, want := range map[string]bool{"t": true, "nope": false} {
+		got, err := readmodel.TemplateExists(ctx, r, name)
+		require.NoError(t, err)
+		require.Equal(t, want, got, name)
+	}
+	created, err := readmodel.ReadCreatedTask(ctx, r, taskID)
+	require.NoError(t, err)
+	require.Equal(t, readmodel.CreatedTask{Steps: int32(len(ids))}, created)
+	_, err = readmodel.ReadCreatedTask(ctx, r, -1)
+	require.ErrorIs(t, err, readmodel.ErrNotFound)
 	c, err := readmodel.NewEventCursor(ctx, r)
 	require.NoError(t, err)
 	_, err = c.Poll(ctx, r, 10, time.Now())

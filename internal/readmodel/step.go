@@ -21,7 +21,15 @@ type StepDetail struct {
 	TimeoutMS     *int64          `json:"timeout_ms"`
 	Priority      int32           `json:"priority"`
 	RetryPolicy   *string         `json:"retry_policy"`
-	AsOf          time.Time       `json:"as_of"`
+	// Deps is what the step's next attempt would receive as deps now (SPEC §18): its direct parents' outputs by
+	// name, those that are complete or resolved.
+	Deps json.RawMessage `json:"deps"`
+	// ResolvedInput is the input with its references resolved against Deps and the task's context now (equal to
+	// Input when it has none); nil when it does not resolve yet, and InputProblem says why.
+	ResolvedInput json.RawMessage `json:"resolved_input"`
+	// InputProblem is why the input does not resolve now (a parent not finished yet, a path that names nothing).
+	InputProblem *string   `json:"input_problem,omitempty"`
+	AsOf         time.Time `json:"as_of"`
 	// Reasons are every reason the step may not start now, in precedence order (empty when it is ready).
 	Reasons  []Reason  `json:"reasons"`
 	Attempts []Attempt `json:"attempts"`
@@ -42,7 +50,7 @@ func ReadStep(ctx context.Context, db Beginner, taskID, stepID int64, asOf *time
 			return err
 		}
 		err = tx.QueryRow(ctx, query("step"), taskID, stepID).Scan(&d.TaskID, &d.Input, &d.Output, &d.Iteration,
-			&d.MaxIterations, &d.TimeoutMS, &d.Priority, &d.RetryPolicy)
+			&d.MaxIterations, &d.TimeoutMS, &d.Priority, &d.RetryPolicy, &d.Deps, &d.ResolvedInput, &d.InputProblem)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return notFoundf("task %d has no step %d", taskID, stepID)
 		}

@@ -44,6 +44,8 @@ type Step struct {
 	LastError json.RawMessage `json:"last_error"`
 	// Parents are the names of the step's parents, in id order.
 	Parents []string `json:"parents"`
+	// Output is the step's output (SPEC §18; NULL until it completes or is resolved).
+	Output json.RawMessage `json:"output"`
 }
 
 // LastErrorText is the step's last error as "class: message" (whitespace runs collapsed), or "" when it has none or
@@ -72,7 +74,7 @@ func ErrorText(doc json.RawMessage) string {
 func scanStep(row pgx.Row, s *Step) error {
 	var why *string
 	err := row.Scan(&s.ID, &s.Name, &s.Handler, &s.Queue, &s.State, &s.Attempts, &s.MaxAttempts, &s.NextAttemptAt,
-		&s.Ready, &s.BlockedReason, &why, &s.LastError, &s.Parents)
+		&s.Ready, &s.BlockedReason, &why, &s.LastError, &s.Parents, &s.Output)
 	if why != nil {
 		s.Why = *why
 	}
@@ -185,4 +187,26 @@ func readTaskSteps(ctx context.Context, q Querier, id int64, only []int64, asOf 
 	}
 	d.Edges = []Edge{}
 	return d, nil
+}
+
+// CreatedTask is what a creating face says about a task it just created or found: its number of steps and its
+// start when that is still to come.
+type CreatedTask struct {
+	// Steps is the task's number of steps.
+	Steps int32
+	// RunAt is the task's run_at when it is after the transaction's now(), else nil.
+	RunAt *time.Time
+}
+
+// ReadCreatedTask reads a CreatedTask (an error wrapping ErrNotFound if the task does not exist).
+func ReadCreatedTask(ctx context.Context, q Querier, taskID int64) (CreatedTask, error) {
+	var c CreatedTask
+	err := q.QueryRow(ctx, query("created_task"), taskID).Scan(&c.Steps, &c.RunAt)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return c, notFoundf("task %d does not exist", taskID)
+	}
+	if err != nil {
+		return c, fmt.Errorf("readmodel: created task: %w", err)
+	}
+	return c, nil
 }

@@ -3,6 +3,7 @@ package readmodel
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -25,4 +26,13 @@ func Templates(ctx context.Context, q Querier) ([]Template, error) {
 	return collect(ctx, q, "templates", func(row pgx.Row, t *Template) error {
 		return row.Scan(&t.Name, &t.Version, &t.Newest, &t.Steps, &t.Definition, &t.CreatedAt)
 	})
+}
+
+// TemplateExists reports whether any version of template name is stored.
+func TemplateExists(ctx context.Context, q Querier, name string) (bool, error) {
+	var ok bool
+	if err := q.QueryRow(ctx, query("template_exists"), name).Scan(&ok); err != nil {
+		return false, fmt.Errorf("readmodel: template exists: %w", err)
+	}
+	return ok, nil
 }

@@ -181,10 +181,16 @@ type Started struct {
 	Attempt int
 	// Iteration is the step's iteration (repeating steps).
 	Iteration int
-	// Input is the step's current input.
+	// Input is the step's current input, with its references resolved (SPEC §18).
 	Input json.RawMessage
 	// Context is the task's context.
 	Context json.RawMessage
+	// Deps is the step's deps object: its direct parents' outputs by name (SPEC §18).
+	Deps json.RawMessage
+	// Element is a map element's array item (SPEC §19); nil for a step that is not an element.
+	Element json.RawMessage
+	// Index is a map element's 0-based index, or -1 for a step that is not an element.
+	Index int
 	// Rules is the step's outcome rules (NULL when it has none).
 	Rules json.RawMessage
 }
@@ -195,10 +201,11 @@ func StartStep(ctx context.Context, db DBTX, stepID int64, worker string, lease 
 	// start_steps of one step (what start_step does): one round trip, with the token, the attempt number and the
 	// run context in its row.
 	var st Started
-	var token, attempt, iteration *int
-	err := db.QueryRow(ctx, `SELECT attempt, attempt_number, iteration, input, context, rules
-		FROM stepready.start_steps(ARRAY[$1::bigint], $2, $3)`, stepID, worker, ms(lease)).
-		Scan(&token, &attempt, &iteration, raw(&st.Input), raw(&st.Context), raw(&st.Rules))
+	var token, attempt, iteration, index *int
+	err := db.QueryRow(ctx, `SELECT attempt, attempt_number, iteration, input, context, rules, deps, element,
+		element_index FROM stepready.start_steps(ARRAY[$1::bigint], $2, $3)`, stepID, worker, ms(lease)).
+		Scan(&token, &attempt, &iteration, raw(&st.Input), raw(&st.Context), raw(&st.Rules), raw(&st.Deps),
+			raw(&st.Element), &index)
 	if err != nil {
 		if errors.Is(err, pgx.ErrNoRows) {
 			return Started{}, false, nil
@@ -208,7 +215,7 @@ func StartStep(ctx context.Context, db DBTX, stepID int64, worker string, lease 
 	if token == nil || attempt == nil || iteration == nil {
 		return Started{}, false, nil
 	}
-	st.Token, st.Attempt, st.Iteration = *token, *attempt, *iteration
+	st.Token, st.Attempt, st.Iteration, st.Index = *token, *attempt, *iteration, elementIndex(index)
 	return st, true, nil
 }
 
@@ -247,7 +254,15 @@ type NextDue struct {
 }
 
 const claimAndStartSQL = `SELECT step_id, task_id, name, handler, input, attempt, attempt_number, timeout_ms, queue,
-	iteration, context, rules FROM stepready.claim_and_start_steps($1, $2, $3)`
+	iteration, context, rules, deps, element, element_index FROM stepready.claim_and_start_steps($1, $2, $3)`
+
+// elementIndex is a start row's element_index as Started.Index: -1 for NULL (not an element).
+func elementIndex(i *int) int {
+	if i == nil {
+		return -1
+	}
+	return *i
+}
 
 // ClaimAndStartStepsNextDue is ClaimAndStartSteps preceded, in the same transaction and round trip, by
 // next_claim_at: both use the transaction's now(), and the due time is read before the claim, so a step whose
@@ -265,11 +280,13 @@ func scanClaimedStarted(r pgx.CollectableRow) (ClaimedStarted, error) {
 	var c ClaimedStarted
 	var taskID *int64
 	var name, handler, queue *string
-	var token, attempt, iteration *int
+	var token, attempt, iteration, index *int
 	if err := r.Scan(&c.StepID, &taskID, &name, &handler, raw(&c.Input), &token, &attempt, &c.TimeoutMS, &queue,
-		&iteration, raw(&c.Started.Context), raw(&c.Started.Rules)); err != nil {
+		&iteration, raw(&c.Started.Context), raw(&c.Started.Rules), raw(&c.Started.Deps), raw(&c.Started.Element),
+		&index); err != nil {
 		return c, err
 	}
+	c.Started.Index = elementIndex(index)
 	var d decoding
 	c.TaskID, c.Name, c.Handler = need(&d, taskID, "task_id"), need(&d, name, "name"), need(&d, handler, "handler")
 	c.Started.Token, c.Started.Attempt = need(&d, token, "attempt"), need(&d, attempt, "attempt_number")
@@ -284,19 +301,19 @@ func scanClaimedStarted(r pgx.CollectableRow) (ClaimedStarted, error) {
 // StartSteps starts a batch of enqueued steps (stepready.start_steps). The map holds the steps that may run;
 // an id missing from it must not run (no longer enqueued, or its task stopped being runnable).
 func StartSteps(ctx context.Context, db DBTX, stepIDs []int64, worker string, lease time.Duration) (map[int64]Started, error) {
-	rows, err := db.Query(ctx, `SELECT step_id, attempt, attempt_number, iteration, input, context, rules
-		FROM stepready.start_steps($1, $2, $3)`, stepIDs, worker, ms(lease))
+	rows, err := db.Query(ctx, `SELECT step_id, attempt, attempt_number, iteration, input, context, rules, deps,
+		element, element_index FROM stepready.start_steps($1, $2, $3)`, stepIDs, worker, ms(lease))
 	if err != nil {
 		return nil, fmt.Errorf("store: start %d steps: %w", len(stepIDs), err)
 	}
 	started := make(map[int64]Started, len(stepIDs))
 	var id int64
-	var token, attempt, iteration *int
+	var token, attempt, iteration, index *int
 	var st Started
 	_, err = pgx.ForEachRow(rows, []any{&id, &token, &attempt, &iteration, raw(&st.Input), raw(&st.Context),
-		raw(&st.Rules)}, func() error {
+		raw(&st.Rules), raw(&st.Deps), raw(&st.Element), &index}, func() error {
 		if token != nil && attempt != nil && iteration != nil {
-			st.Token, st.Attempt, st.Iteration = *token, *attempt, *iteration
+			st.Token, st.Attempt, st.Iteration, st.Index = *token, *attempt, *iteration, elementIndex(index)
 			started[id] = st
 		}
 		st = Started{}

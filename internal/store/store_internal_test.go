@@ -19,9 +19,10 @@ func TestClaimRowsThatDoNotDecodeStandAlone(t *testing.T) {
 	t.Parallel()
 	db := pgtest.New(t)
 	rows, err := db.Pool.Query(t.Context(), `SELECT * FROM (VALUES
-		(1::bigint, 10::bigint, 'a'::text, 'h'::text, '{}'::jsonb, 1, 1, NULL::bigint, 'default'::text, 0, '{}'::jsonb, NULL::jsonb),
-		(2, 20, NULL, 'h', '{}', 5, 3, 1000, 'default', 0, '{}', NULL),
-		(3, 30, 'c', 'h', '{"x": 1}', 1, 1, NULL, 'emails', 2, '{}', '[]')) AS r`)
+		(1::bigint, 10::bigint, 'a'::text, 'h'::text, '{}'::jsonb, 1, 1, NULL::bigint, 'default'::text, 0, '{}'::jsonb, NULL::jsonb,
+		 '{}'::jsonb, NULL::jsonb, NULL::int),
+		(2, 20, NULL, 'h', '{}', 5, 3, 1000, 'default', 0, '{}', NULL, '{}', NULL, NULL),
+		(3, 30, 'c', 'h', '{"x": 1}', 1, 1, NULL, 'emails', 2, '{}', '[]', '{"a": [1]}', '"e"', 4)) AS r`)
 	require.NoError(t, err)
 	got, err := pgx.CollectRows(rows, scanClaimedStarted)
 	require.NoError(t, err)
@@ -40,6 +41,10 @@ func TestClaimRowsThatDoNotDecodeStandAlone(t *testing.T) {
 	require.Equal(t, "c", got[2].Name)
 	require.Equal(t, 2, got[2].Started.Iteration)
 	require.JSONEq(t, `{"x": 1}`, string(got[2].Started.Input))
+	require.JSONEq(t, `{"a": [1]}`, string(got[2].Started.Deps))
+	require.JSONEq(t, `"e"`, string(got[2].Started.Element))
+	require.Equal(t, 4, got[2].Started.Index)
+	require.Equal(t, -1, got[0].Started.Index, "not an element")
 }
 
 // Check refuses what the runtime cannot use, naming the field.

@@ -151,8 +151,8 @@ func (e *Executor) run(ctx context.Context, c store.ClaimedStep, st store.Starte
 	log.Info("executor: attempt started")
 
 	step := &attempt{Step: &steps.Step{ID: c.StepID, TaskID: c.TaskID, Name: c.Name, Handler: c.Handler,
-		Input: st.Input, Context: st.Context, Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue,
-		Rules: st.Rules}, token: st.Token}
+		Input: st.Input, Context: st.Context, Deps: st.Deps, Element: st.Element, Index: st.Index,
+		Attempt: st.Attempt, Iteration: st.Iteration, Queue: c.Queue, Rules: st.Rules}, token: st.Token}
 	// A row that breaks the bounds the tables hold (written around their constraints) fails alone, before its
 	// handler runs: its values cannot be used (a timeout no time.Duration holds would wrap to a deadline already
 	// past).

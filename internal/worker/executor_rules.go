@@ -51,7 +51,8 @@ func (e *Executor) failUncompiledRules(ctx context.Context, log *slog.Logger, st
 // and when no rule matches the handler's repetition applies.
 func (e *Executor) recordWithRules(ctx context.Context, log *slog.Logger, step *attempt, prog *rules.Program,
 	o attemptOutcome) error {
-	outcome := rules.Outcome{Result: o.output, Input: step.Input, Context: step.Context, Attempt: step.Attempt,
+	outcome := rules.Outcome{Result: o.output, Input: step.Input, Context: step.Context, Deps: step.Deps,
+		Attempt:   step.Attempt,
 		Iteration: step.Iteration, HTTPStatus: o.httpStatus}
 	if d := o.failure; d != nil {
 		outcome.Error = &rules.OutcomeError{Class: d.Class, Message: d.Message, Code: d.Code}

@@ -20,6 +20,8 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('task_execution_context',     '{client,worker,operator,reader}'),
     ('explain_step',               '{client,worker,operator,reader}'),
     ('explain_task',               '{client,worker,operator,reader}'),
+    ('readiness_reasons',          '{client,worker,operator,reader}'),
+    ('execution_statuses',         '{client,worker,operator,reader}'),
     ('validate_task_definition',   '{client,worker,operator,reader}'),
     ('schedule_idempotency_key',   '{client,worker,operator,reader}'),
     ('queue_stats',                '{client,worker,operator,reader}'),
@@ -168,6 +170,9 @@ BEGIN
         GRANT INSERT, UPDATE, DELETE ON stepready.retry_policies, stepready.failure_classes TO stepready_operator;
         -- Flow control overrides (`scheduler flow set`).
         GRANT INSERT, UPDATE, DELETE ON stepready.flow_limits TO stepready_operator;
+        -- Limits kept in the database (SPEC §18: max_output_bytes): changed with UPDATE; the rows are fixed by
+        -- the table's CHECK (settings_known_name), so nothing to insert or delete.
+        GRANT UPDATE ON stepready.settings TO stepready_operator;
     END IF;
 END;
 $roles$;

@@ -18,7 +18,7 @@ import (
 type Options struct {
 	// Pool is the PostgreSQL pool the `sql` handler runs step SQL on. Nil (the default) registers a `sql` that
 	// fails every step `permanent`, saying how to enable it. Give it a pool of its own, on a role with the
-	// rights step SQL needs and none of stepready's (SPEC §17: `scheduler run --sql-database-url`), never the
+	// rights step SQL needs and none of stepready's (docs/security.md: `scheduler run --sql-database-url`), never the
 	// scheduler's pool: whoever can insert a step could otherwise rewrite stepready's tables with the
 	// scheduler's rights.
 	Pool *pgxpool.Pool
@@ -36,7 +36,7 @@ type Options struct {
 	// (such a failure is classified `timeout` too).
 	HTTPClient *http.Client
 
-	// HTTPGuard restricts the addresses the default HTTP client connects to (SPEC §17): link-local addresses
+	// HTTPGuard restricts the addresses the default HTTP client connects to (docs/security.md): link-local addresses
 	// (cloud metadata) are refused always, loopback and private ranges too with DenyPrivate, AllowHosts listing
 	// exceptions. It applies to the default client only: a client given as HTTPClient is used as is.
 	HTTPGuard HTTPGuard

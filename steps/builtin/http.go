@@ -347,7 +347,7 @@ func (h *httpHandler) statusError(target string, resp *http.Response) error {
 func classifyHTTPError(ctx context.Context, target string, err error) error {
 	err = fmt.Errorf("http handler: %s: %w", target, err)
 	if _, ok := deniedAddress(err); ok {
-		// The guard refused the destination (SPEC §17): retrying cannot change that.
+		// The guard refused the destination (docs/security.md): retrying cannot change that.
 		return steps.Fail(steps.ClassPermanent, err)
 	}
 	if ctxErr := ctx.Err(); ctxErr != nil {

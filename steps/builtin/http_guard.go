@@ -10,7 +10,7 @@ import (
 	"syscall"
 )
 
-// HTTPGuard decides which addresses the `http` handler may connect to (SPEC §17). It is checked on the resolved
+// HTTPGuard decides which addresses the `http` handler may connect to (docs/security.md). It is checked on the resolved
 // address at dial time, for every connection the handler's client opens (redirects included), so neither a
 // DNS name that resolves to a forbidden address (DNS rebinding) nor a redirect can get around it.
 //

@@ -12,7 +12,7 @@ import (
 	"github.com/stepready/stepready/steps"
 )
 
-// sensitiveHeaders are the request headers whose values are never shown (SPEC §17): redacted from errors and
+// sensitiveHeaders are the request headers whose values are never shown (docs/security.md): redacted from errors and
 // from what the response echoes back, whether given literally or as {"env": "NAME"}.
 var sensitiveHeaders = []string{"Authorization", "Cookie", "Proxy-Authorization", "X-Api-Key"}
 

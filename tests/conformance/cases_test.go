@@ -292,3 +292,25 @@ func caseRules(c *caseEnv) {
 	require.Contains(t, s.LastError["message"], "rules", "the failure says why: %v", s.LastError)
 	require.Nil(t, s.Output)
 }
+
+// caseDepsArriveResolved: a step whose input references its parent's output and the task's context receives the
+// input resolved (noop records it as its output), and a step whose reference names nothing at start is failed
+// deterministic by the database without reaching the worker (one attempt, no output, the other steps run).
+func caseDepsArriveResolved(c *caseEnv) {
+	t := c.t
+	task := c.createTask(map[string]any{"name": "deps", "context": map[string]any{"region": "eu"}, "steps": []any{
+		map[string]any{"name": "a", "handler": "noop", "input": map[string]any{"files": []any{"x.csv", "y.csv"}}},
+		map[string]any{"name": "b", "handler": "noop", "depends_on": []string{"a"}, "input": map[string]any{
+			"first": "${deps.a.files.0}", "all": "${deps.a.files}", "where": "${context.region}/${deps.a.files.1}"}},
+		map[string]any{"name": "bad", "handler": "noop", "depends_on": []string{"a"}, "on_exhausted": "skip",
+			"input": map[string]any{"v": "${deps.a.nope}"}},
+	}})
+	c.start(nil)
+	b := c.waitStep(task, "b", wait, "complete")
+	require.JSONEq(t, `{"first": "x.csv", "all": ["x.csv", "y.csv"], "where": "eu/y.csv"}`, string(b.Output))
+	bad := c.waitStep(task, "bad", wait, "skipped")
+	require.Equal(t, 1, bad.Attempts)
+	require.Nil(t, bad.Output)
+	require.Equal(t, "deterministic", bad.LastError["class"])
+	require.Contains(t, bad.LastError["message"], "${deps.a.nope}")
+}

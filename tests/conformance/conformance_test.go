@@ -45,6 +45,7 @@ var cases = []conformanceCase{
 	{"sigterm_releases_uncharged", caseSIGTERMReleasesUncharged},
 	{"cancelled_attempt_ends_its_lease", caseCancelledAttemptEndsItsLease},
 	{"rules", caseRules},
+	{"deps_arrive_resolved", caseDepsArriveResolved},
 }
 
 // TestConformance runs every case against every worker under test, each case with a database and a worker

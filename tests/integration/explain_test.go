@@ -258,3 +258,21 @@ func TestExplainStepDetails(t *testing.T) {
 	err = b.execErr(`SELECT * FROM stepready.explain_task(-1)`)
 	requirePgError(t, err, "P0002", "task -1 does not exist")
 }
+
+// Explain's waits read like the CLI's durations: from two days on in days and hours (issue 26: a task scheduled
+// for next year said "in 27179h28m").
+func TestExplainDurationInDaysFromTwoDays(t *testing.T) {
+	t.Parallel()
+	b := schemaSetup(t)
+	for ms, want := range map[int64]string{
+		850:                            "0.9s",
+		65_000:                         "1m05s",
+		47*3_600_000 + 59*60_000:       "47h59m",
+		48 * 3_600_000:                 "2d00h",
+		1132*86_400_000 + 11*3_600_000: "1132d11h",
+	} {
+		var got string
+		require.NoError(t, b.db.Pool.QueryRow(t.Context(), `SELECT stepready._explain_duration($1)`, ms).Scan(&got))
+		require.Equal(t, want, got, "%d ms", ms)
+	}
+}

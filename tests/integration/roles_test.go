@@ -85,16 +85,19 @@ func TestRolesDoTheirJobAndNothingElse(t *testing.T) {
 	template := check{"write a template", `INSERT INTO stepready.task_templates (name, version, definition)
 		VALUES ('x', 1, '{"steps": [{"name": "a", "handler": "noop"}]}')`, nil, false}
 	schedule := check{"pause a schedule", `SELECT stepready.pause_schedule('s')`, nil, false}
+	// SPEC §18: the output cap is the operator's to change.
+	setting := check{"change max_output_bytes", `UPDATE stepready.settings SET value = '2097152' WHERE name = 'max_output_bytes'`, nil, false}
 	allow := func(c check) check { c.allowed = true; return c }
 
 	for _, tc := range []struct {
 		group  string
 		checks []check
 	}{
-		{"stepready_client", []check{allow(create), allow(plain), updateState, cancel, claim, template, schedule}},
-		{"stepready_worker", []check{allow(claim), allow(create), cancel, template, schedule}},
-		{"stepready_operator", []check{updateState, claim, create, plain, allow(template), allow(schedule), allow(cancel)}},
-		{"stepready_reader", []check{updateState, cancel, claim, create, plain, template, schedule}},
+		{"stepready_client", []check{allow(create), allow(plain), updateState, cancel, claim, template, schedule, setting}},
+		{"stepready_worker", []check{allow(claim), allow(create), cancel, template, schedule, setting}},
+		{"stepready_operator", []check{updateState, claim, create, plain, allow(template), allow(schedule), allow(cancel),
+			allow(setting)}},
+		{"stepready_reader", []check{updateState, cancel, claim, create, plain, template, schedule, setting}},
 	} {
 		t.Run(tc.group, func(t *testing.T) {
 			conn := roleConn(t, db, tc.group)

@@ -123,7 +123,8 @@ func TestRunAtValidation(t *testing.T) {
 	require.NoError(t, err)
 }
 
-// task_execution_context: a task waiting for its run_at waits like a delayed first attempt, and says when.
+// task_execution_context: a task waiting for its run_at is scheduled (issue 26: it read waiting_for_retry, as if
+// it had failed), and says when.
 func TestRunAtExecutionContext(t *testing.T) {
 	t.Parallel()
 	b := lifecycleSetup(t)
@@ -134,7 +135,7 @@ func TestRunAtExecutionContext(t *testing.T) {
 	var next *time.Time
 	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT execution_status, next_attempt_at
 		FROM stepready.task_execution_context($1, $2)`, taskID, testBase).Scan(&status, &next))
-	require.Equal(t, "waiting_for_retry", status)
+	require.Equal(t, "scheduled", status)
 	require.True(t, runAt.Equal(*next))
 }
 

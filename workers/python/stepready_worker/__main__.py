@@ -70,7 +70,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                    help="never LISTEN, only poll (behind PgBouncer in transaction pooling mode)")
     p.add_argument("--queues", default=_env("queues", None),
                    help="comma-separated queues to work, once the database's claim takes routing filters "
-                        "(SPEC §21); until then every queue")
+                        "(routing); until then every queue")
     p.add_argument("--log-level", default=_env("log-level", "info"), choices=["debug", "info", "warn", "error"])
     args = p.parse_args(argv)
     for name in ("lease", "reap_interval", "poll_interval", "shutdown_grace"):

@@ -26,7 +26,7 @@ import psycopg
 from psycopg.rows import dict_row
 
 from . import outcomes
-from .outcomes import Repeat, StepError
+from .outcomes import Permanent, Repeat, StepError
 
 log = logging.getLogger("stepready_worker")
 
@@ -63,10 +63,12 @@ class Step:
     """One attempt of one step, as the handler sees it.
 
     Attributes come from the claim row (docs/workers.md, "The claim row"): ``id``, ``task_id``, ``name``,
-    ``handler``, ``input`` and ``context`` (decoded JSON), ``attempt`` (the attempt number users see, 1-based
-    within the iteration), ``iteration`` (0-based), ``queue``, ``timeout`` (seconds, from ``timeout_ms``; None:
-    the worker's default), ``rules``, and ``deps``, ``element``, ``element_index`` when the database sends them
-    (None before data flow, issue 21). ``token`` is the fencing token; handlers have no use for it.
+    ``handler``, ``input`` (decoded JSON, its ``${…}`` references already resolved by the database) and
+    ``context``, ``attempt`` (the attempt number users see, 1-based within the iteration), ``iteration``
+    (0-based), ``queue``, ``timeout`` (seconds, from ``timeout_ms``; None: the worker's default), ``rules``,
+    ``deps`` (a dict: the outputs of the step's direct parents that are complete or resolved, by step name;
+    read one with :meth:`dep`), ``element`` and ``element_index`` (a map element's item and 0-based index; None
+    and -1 for a step that is not an element). ``token`` is the fencing token; handlers have no use for it.
 
     A handler that runs for long should look at :meth:`cancelled` or sleep with :meth:`wait`: the worker asks it
     to stop when the step's timeout passes, when the attempt is no longer the running one (cancelled, resolved,
@@ -87,12 +89,23 @@ class Step:
         timeout_ms = row.get("timeout_ms")
         self.timeout: float = timeout_ms / 1000.0 if timeout_ms else default_timeout
         self.rules: Any = row.get("rules")
-        # Data flow (SPEC §18, §19; issue 21): read when the claim returns them, None until then.
-        self.deps: Any = row.get("deps")
+        # Data flow (SPEC §18, §19): deps on every started row; element and element_index NULL but for a map
+        # element.
+        self.deps: dict[str, Any] = row.get("deps") or {}
         self.element: Any = row.get("element")
-        self.element_index: Optional[int] = row.get("element_index")
+        index = row.get("element_index")
+        self.element_index: int = -1 if index is None else index
         self._cancel = threading.Event()
         self.cancel_reason: Optional[str] = None  # "timeout", "fenced" or "shutdown" once asked to stop
+
+    def dep(self, name: str) -> Any:
+        """The output of the direct parent ``name``. A parent that is not a direct parent, or was skipped, has no
+        output here: that raises :class:`~stepready_worker.outcomes.Permanent` naming it (it will not appear
+        on a later attempt either)."""
+        if name not in self.deps:
+            raise Permanent(f"step {self.name!r}: deps.{name}: no such member in deps "
+                                 "(not a direct parent, or skipped)")
+        return self.deps[name]
 
     def cancelled(self) -> bool:
         """True once the worker has asked the handler to stop (see cancel_reason)."""
@@ -486,7 +499,7 @@ class Worker:
             # Outcome rules (SPEC §8) are evaluated by the Go daemon; this worker does not implement them, so it
             # fails the step without running the handler, whose effects could not be judged.
             exc = StepError(
-                f"step {step.name!r} has outcome rules (SPEC §8), which the Python worker does not evaluate: "
+                f"step {step.name!r} has outcome rules, which the Python worker does not evaluate: "
                 "run this step on the Go daemon (scheduler run) or remove its rules",
                 class_=outcomes.DETERMINISTIC, code="rules_unsupported", retryable=False)
         elif fn is None:

@@ -396,7 +396,7 @@ def test_routing_hook_passes_queues_and_handlers_once_the_claim_takes_them(db):
                 p_queues text[], p_handlers text[], p_as_of timestamptz DEFAULT now())
             RETURNS TABLE (step_id bigint, task_id bigint, name text, handler text, input jsonb, attempt int,
                            timeout_ms bigint, queue text, iteration int, context jsonb, rules jsonb,
-                           attempt_number int)
+                           attempt_number int, deps jsonb, element jsonb, element_index int)
             LANGUAGE plpgsql AS $$
             BEGIN
                 INSERT INTO public.claim_calls VALUES (p_queues, p_handlers);
@@ -413,3 +413,30 @@ def test_routing_hook_passes_queues_and_handlers_once_the_claim_takes_them(db):
         db.execute("DROP FUNCTION IF EXISTS stepready.claim_and_start_steps(int, text, bigint, text[], text[], "
                    "timestamptz)")
         db.execute("DROP TABLE public.claim_calls")
+
+
+def test_deps_and_the_resolved_input_arrive_with_the_claim(db):
+    seen = {}
+
+    def listing(step):
+        return {"files": ["a.csv", "b.csv"]}
+
+    def use(step):
+        seen.update(input=step.input, deps=step.deps, first=step.dep("list")["files"][0],
+                    element=step.element, index=step.element_index)
+        try:
+            step.dep("nope")
+        except Exception as exc:  # noqa: BLE001 - the class is what is checked
+            seen["missing"] = exc
+        return {}
+    task = create_task(db, {"name": "list", "handler": "listing"},
+                       {"name": "use", "handler": "use", "depends_on": ["list"],
+                        "input": {"first": "${deps.list.files.0}", "where": "${context.region}"}},
+                       context={"region": "eu"})
+    with running_worker({"listing": listing, "use": use}):
+        wait_for("step complete", state_is(db, task, "use", "complete"))
+    assert seen["input"] == {"first": "a.csv", "where": "eu"}
+    assert seen["deps"] == {"list": {"files": ["a.csv", "b.csv"]}}
+    assert seen["first"] == "a.csv"
+    assert seen["element"] is None and seen["index"] == -1
+    assert type(seen["missing"]).__name__ == "Permanent" and "deps.nope" in str(seen["missing"])

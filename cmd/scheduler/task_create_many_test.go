@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -117,33 +113,45 @@ func TestTaskCreateStreamsLargeFiles(t *testing.T) {
 		n, n+1, n+2), stdout)
 }
 
-// TestProgressLine: `task create -f` shows its progress only on a character device (a terminal), at most four
-// times a second, on one line that it ends once done; elsewhere (a pipe, a file, the tests' buffers) nothing.
-func TestProgressLine(t *testing.T) {
+// TestTaskCreateManySaysTheirStart: a file of many definitions, or a template with --contexts-file, says on the
+// line of each created task whose start is still to come when it starts (its run_at in the file, or --run-at /
+// --in for every task), as the create of a single task does; JSON adds run_at. A run_at already past, or a task
+// an idempotency key found, says nothing.
+func TestTaskCreateManySaysTheirStart(t *testing.T) {
 	t.Parallel()
-	require.Nil(t, newProgressLine(&bytes.Buffer{}), "not a file")
-	f, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
-	require.NoError(t, err)
-	defer f.Close()
-	require.Nil(t, newProgressLine(f), "a regular file")
-	var none *progressLine
-	none.update(1, 1) // a nil line shows nothing
-	none.done()
+	b := cliSetup(t)
+	dir := t.TempDir()
 
-	tty, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
-	require.NoError(t, err)
-	defer tty.Close()
-	require.NotNil(t, newProgressLine(tty), "a character device")
+	lines := writeFile(t, dir, "tasks.jsonl",
+		`{"name": "a", "run_at": "2030-01-01T03:00:00+01:00", "steps": [{"name": "s", "handler": "noop"}]}`+"\n"+
+			`{"name": "b", "steps": [{"name": "s", "handler": "noop"}], "context": {"note": "\"run_at\" in a value"}}`+"\n"+
+			`{"name": "c", "run_at": "2001-01-01T00:00:00Z", "steps": [{"name": "s", "handler": "noop"}]}`+"\n")
+	stdout, stderr, err := b.run("task", "create", "-f", lines)
+	require.NoError(t, err, stderr)
+	require.Equal(t, "1\ttask 1 created, scheduled to start at 2030-01-01T02:00:00Z\n2\ttask 2 created\n"+
+		"3\ttask 3 created\n3 of 3 tasks created\n", stdout)
 
-	var out bytes.Buffer
-	p := &progressLine{w: &out, begin: time.Now().Add(-time.Second)}
-	p.update(1000, 1000)
-	p.update(2000, 2000) // within 250 ms of the last: not shown
-	require.Regexp(t, `^\r1000 definitions read, 1000 sent \(\d+/s\), not committed yet $`, out.String())
-	p.done()
-	require.True(t, strings.HasSuffix(out.String(), " \n"), "the line is ended once done: %q", out.String())
+	stream := writeFile(t, dir, "tasks.yaml", "name: d\nrun_at: 2030-01-01T02:00:00Z\nsteps:\n  - {name: s, handler: noop}\n"+
+		"---\nname: e\nsteps:\n  - {name: s, handler: noop}\n")
+	stdout, stderr, err = b.run("task", "create", "-f", stream, "-o", "json")
+	require.NoError(t, err, stderr)
+	require.Equal(t, `{"ordinal":1,"task_id":4,"created":true,"run_at":"2030-01-01T02:00:00Z"}`+"\n"+
+		`{"ordinal":2,"task_id":5,"created":true}`+"\n", stdout)
 
-	out.Reset()
-	(&progressLine{w: &out, begin: time.Now()}).done()
-	require.Empty(t, out.String(), "no line shown, none ended")
+	stdout, stderr, err = b.run("task", "create", "-f", stream, "--run-at", "2031-01-01T00:00:00Z")
+	require.NoError(t, err, stderr)
+	require.Equal(t, "1\ttask 6 created, scheduled to start at 2031-01-01T00:00:00Z\n"+
+		"2\ttask 7 created, scheduled to start at 2031-01-01T00:00:00Z\n2 of 2 tasks created\n", stdout)
+
+	_, stderr, err = b.run("template", "apply", writeFile(t, dir, "etl.yaml", etlTemplate))
+	require.NoError(t, err, stderr)
+	contexts := writeFile(t, dir, "days.jsonl", "{\"day\": 1}\n{\"day\": 2}\n")
+	stdout, stderr, err = b.run("task", "create", "etl", "--contexts-file", contexts, "--run-at", "2031-01-01T00:00:00Z")
+	require.NoError(t, err, stderr)
+	require.Equal(t, "1\ttask 8 created, scheduled to start at 2031-01-01T00:00:00Z\n"+
+		"2\ttask 9 created, scheduled to start at 2031-01-01T00:00:00Z\n2 of 2 tasks created\n", stdout)
+	stdout, stderr, err = b.run("task", "create", "etl", "--contexts-file", contexts, "--in", "1h", "-o", "json")
+	require.NoError(t, err, stderr)
+	require.Regexp(t, `^\{"ordinal":1,"task_id":10,"created":true,"run_at":"20\d\d-[^"]+Z"\}`+"\n", stdout)
+	require.Equal(t, int64(2), b.int64(`SELECT count(*) FROM stepready.tasks WHERE id IN (10, 11) AND run_at > now() + interval '59 minutes'`))
 }

@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"fmt"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -75,6 +77,15 @@ func TestOperatorCommandsPrintWhatChanged(t *testing.T) {
 	require.Equal(t, 2, exitCode(err))
 	_, _, err = b.run("task", "cancel")
 	require.Equal(t, 2, exitCode(err))
+
+	// One step is 1 step.
+	one := b.createTask(`{"name": "one", "steps": [{"name": "a", "handler": "noop"}]}`)
+	stdout, stderr, err := b.run("task", "cancel", strconv.FormatInt(one, 10))
+	require.NoError(t, err, stderr)
+	require.Contains(t, stdout, fmt.Sprintf("task %d cancelled: 1 step cancelled\n", one))
+	stdout, stderr, err = b.run("task", "reset", strconv.FormatInt(one, 10))
+	require.NoError(t, err, stderr)
+	require.Contains(t, stdout, fmt.Sprintf("task %d reset: 1 step back to pending\n", one))
 }
 
 func TestOperatorCommandsJSON(t *testing.T) {

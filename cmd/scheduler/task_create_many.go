@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // bulkCreated is one line of `task create TEMPLATE --contexts-file`: one per context, in input order (-f prints
@@ -29,17 +30,20 @@ type bulkCreated struct {
 	TaskID int64 `json:"task_id"`
 	// Created is false when the idempotency key named an existing task (or an earlier element of the input).
 	Created bool `json:"created"`
+	// RunAt is the delayed start of a created task (--run-at, --in), when it is still to come (not a column of
+	// create_tasks_from_template's rows).
+	RunAt *time.Time `json:"run_at,omitempty" db:"-"`
 }
 
 // readContextsFile reads JSON lines: one context (a JSON value, normally an object) per non-blank line. The
 // error names the line.
-func readContextsFile(file string) (json.RawMessage, error) {
+func readContextsFile(file string) ([]stepready.FromTemplate, error) {
 	f, err := os.Open(file)
 	if err != nil {
 		return nil, usageError{err}
 	}
 	defer f.Close()
-	var contexts []json.RawMessage
+	var contexts []stepready.FromTemplate
 	r := bufio.NewReader(f)
 	for line := 1; ; line++ {
 		text, err := r.ReadBytes('\n')
@@ -48,7 +52,7 @@ func readContextsFile(file string) (json.RawMessage, error) {
 				return nil, usagef("%s:%d: not a JSON value (--contexts-file takes JSON lines: one context per line)",
 					file, line)
 			}
-			contexts = append(contexts, json.RawMessage(bytes.TrimSpace(text)))
+			contexts = append(contexts, stepready.FromTemplate{Context: json.RawMessage(bytes.TrimSpace(text))})
 		}
 		if err == io.EOF {
 			break
@@ -60,35 +64,60 @@ func readContextsFile(file string) (json.RawMessage, error) {
 	if len(contexts) == 0 {
 		return nil, usagef("%s: no contexts (one JSON context per line)", file)
 	}
-	return json.Marshal(contexts)
+	return contexts, nil
 }
 
 // createBulk creates one task per context of a template in one transaction, through
-// stepready.create_tasks_from_template. runAt (or in, from the database's now), when set, delays every created task.
-func createBulk(ctx context.Context, conn *pgx.Conn, template string, contexts json.RawMessage, runAt *time.Time,
-	in time.Duration) ([]bulkCreated, error) {
+// stepready.CreateTasksFromTemplate. runAt (or in, from the database's now), when set, delays every created task.
+func createBulk(ctx context.Context, conn *pgx.Conn, template string, contexts []stepready.FromTemplate,
+	runAt *time.Time, in time.Duration) ([]bulkCreated, error) {
 	var out []bulkCreated
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if in > 0 {
-			var t time.Time
-			if err := tx.QueryRow(ctx, `SELECT now() + make_interval(secs => $1)`, in.Seconds()).Scan(&t); err != nil {
-				return err
+		now, err := startOf(ctx, tx, &runAt, in)
+		if err != nil {
+			return err
+		}
+		var opts stepready.TemplateOptions
+		if runAt != nil {
+			opts.RunAt = *runAt
+		}
+		created, err := stepready.CreateTasksFromTemplate(ctx, tx, template, contexts, opts)
+		if err != nil {
+			return err
+		}
+		out = make([]bulkCreated, len(created))
+		for i, c := range created {
+			out[i] = bulkCreated{Ordinal: i + 1, TaskID: c.TaskID, Created: c.Created}
+			if c.Created && runAt != nil && runAt.After(now) {
+				at := runAt.UTC()
+				out[i].RunAt = &at
 			}
-			runAt = &t
-		}
-		rows, err := tx.Query(ctx,
-			`SELECT ordinal, task_id, created FROM stepready.create_tasks_from_template($1, $2, NULL, $3)`,
-			template, string(contexts), runAt)
-		if err != nil {
-			return err
-		}
-		out, err = pgx.CollectRows(rows, pgx.RowToStructByPos[bulkCreated])
-		if err != nil {
-			return err
 		}
 		return nil
 	})
 	return out, err
+}
+
+// startOf reads the database's now in tx and, with in set, makes *runAt that long after it: the time a delayed
+// start is judged against (a task is said to be scheduled when its run_at is after now, as in a single create).
+func startOf(ctx context.Context, tx pgx.Tx, runAt **time.Time, in time.Duration) (time.Time, error) {
+	now, err := readmodel.Now(ctx, tx, nil)
+	if err != nil {
+		return now, err
+	}
+	if in > 0 {
+		t := now.Add(in)
+		*runAt = &t
+	}
+	return now, nil
+}
+
+// scheduledSuffix is what a line of created tasks adds for a task whose start is still to come.
+func scheduledSuffix(at *time.Time) string {
+	if at == nil {
+		return ""
+	}
+	return ", scheduled to start at " + at.UTC().Format(time.RFC3339)
 }
 
 // writeBulk prints one line per task: a table line, or with --output json one JSON object per line.
@@ -105,7 +134,7 @@ func writeBulk(w io.Writer, format string, res []bulkCreated) error {
 		}
 		if c.Created {
 			created++
-			fmt.Fprintf(w, "%d\ttask %d created\n", c.Ordinal, c.TaskID)
+			fmt.Fprintf(w, "%d\ttask %d created%s\n", c.Ordinal, c.TaskID, scheduledSuffix(c.RunAt))
 		} else {
 			fmt.Fprintf(w, "%d\ttask %d already exists with this idempotency key: nothing created\n", c.Ordinal, c.TaskID)
 		}
@@ -120,7 +149,9 @@ func writeBulk(w io.Writer, format string, res []bulkCreated) error {
 type fileBatch struct {
 	defs  []json.RawMessage
 	lines []int
-	err   error
+	// runAts are the definitions' run_at (the zero time: none).
+	runAts []time.Time
+	err    error
 }
 
 // fileBatchSize is how many definitions of a file createFromFile sends per stepready.CreateTasks call: one of
@@ -132,6 +163,11 @@ const fileBatchSize = 1000
 type createdFile struct {
 	ids     []int64
 	created []bool
+	// every is the start of every created task (--run-at, --in), when it is still to come.
+	every *time.Time
+	// scheduled are the created tasks whose run_at of the file is still to come, by their index in ids: only
+	// these, so that a file without run_at costs nothing more.
+	scheduled map[int]time.Time
 }
 
 // createFromFile creates every definition of df in one transaction (all or nothing), sending them in batches
@@ -140,14 +176,15 @@ type createdFile struct {
 // is reported with its line: `FILE:LINE: definitions[i]: …`.
 func createFromFile(ctx context.Context, conn *pgx.Conn, df *definitionFile, runAt *time.Time, in time.Duration,
 	progress *progressLine) (*createdFile, error) {
-	out := &createdFile{}
+	out := &createdFile{scheduled: map[int]time.Time{}}
 	err := pgx.BeginFunc(ctx, conn, func(tx pgx.Tx) error {
-		if in > 0 {
-			var t time.Time
-			if err := tx.QueryRow(ctx, `SELECT now() + make_interval(secs => $1)`, in.Seconds()).Scan(&t); err != nil {
-				return err
-			}
-			runAt = &t
+		now, err := startOf(ctx, tx, &runAt, in)
+		if err != nil {
+			return err
+		}
+		if runAt != nil && runAt.After(now) {
+			every := runAt.UTC()
+			out.every = &every
 		}
 		readCtx, stop := context.WithCancel(ctx)
 		defer stop()
@@ -162,7 +199,10 @@ func createFromFile(ctx context.Context, conn *pgx.Conn, df *definitionFile, run
 			if err != nil {
 				return atLine(df.name, err, b.lines, offset)
 			}
-			for _, c := range created {
+			for i, c := range created {
+				if c.Created && b.runAts[i].After(now) {
+					out.scheduled[len(out.ids)] = b.runAts[i]
+				}
 				out.ids = append(out.ids, c.TaskID)
 				out.created = append(out.created, c.Created)
 			}
@@ -197,11 +237,14 @@ func readBatches(ctx context.Context, df *definitionFile, runAt *time.Time, out 
 		if errors.Is(err, io.EOF) {
 			break
 		}
+		var at time.Time // the file's run_at; --run-at and --in replace it (createdFile.every)
 		if err == nil && runAt != nil {
 			d.json, err = withRunAt(d.json, *runAt)
 			if err != nil {
 				err = fmt.Errorf("%s:%d: %w", df.name, d.line, err)
 			}
+		} else if err == nil {
+			at = definitionRunAt(d.json)
 		}
 		if err != nil {
 			b = fileBatch{err: err}
@@ -210,6 +253,7 @@ func readBatches(ctx context.Context, df *definitionFile, runAt *time.Time, out 
 		}
 		b.defs = append(b.defs, d.json)
 		b.lines = append(b.lines, d.line)
+		b.runAts = append(b.runAts, at)
 		if len(b.defs) == fileBatchSize && !send() {
 			return
 		}
@@ -217,6 +261,28 @@ func readBatches(ctx context.Context, df *definitionFile, runAt *time.Time, out 
 	if len(b.defs) > 0 {
 		send()
 	}
+}
+
+// runAtKey is looked for before a definition is decoded for its run_at: most definitions have none.
+var runAtKey = []byte(`"run_at"`)
+
+// definitionRunAt is the run_at of a definition, or the zero time when it has none (or one the database will
+// refuse, with its own message).
+func definitionRunAt(def json.RawMessage) time.Time {
+	if !bytes.Contains(def, runAtKey) {
+		return time.Time{}
+	}
+	var d struct {
+		RunAt *string `json:"run_at"`
+	}
+	if json.Unmarshal(def, &d) != nil || d.RunAt == nil {
+		return time.Time{}
+	}
+	t, err := time.Parse(time.RFC3339Nano, *d.RunAt)
+	if err != nil {
+		return time.Time{}
+	}
+	return t
 }
 
 // withRunAt sets the run_at of a definition.
@@ -312,13 +378,26 @@ func writeCreated(w io.Writer, format string, res *createdFile) error {
 	bw := bufio.NewWriterSize(w, 1<<16)
 	created := 0
 	for i, id := range res.ids {
+		at, scheduled := res.scheduled[i]
+		if res.every != nil && res.created[i] {
+			at, scheduled = *res.every, true
+		}
 		if format == outputJSON {
+			if scheduled {
+				fmt.Fprintf(bw, `{"ordinal":%d,"task_id":%d,"created":%t,"run_at":%q}`+"\n", i+1, id, res.created[i],
+					at.UTC().Format(time.RFC3339Nano))
+				continue
+			}
 			fmt.Fprintf(bw, `{"ordinal":%d,"task_id":%d,"created":%t}`+"\n", i+1, id, res.created[i])
 			continue
 		}
 		if res.created[i] {
 			created++
-			fmt.Fprintf(bw, "%d\ttask %d created\n", i+1, id)
+			var when *time.Time
+			if scheduled {
+				when = &at
+			}
+			fmt.Fprintf(bw, "%d\ttask %d created%s\n", i+1, id, scheduledSuffix(when))
 		} else {
 			fmt.Fprintf(bw, "%d\ttask %d already exists with this idempotency key: nothing created\n", i+1, id)
 		}
