@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -29,6 +30,13 @@ const (
 	// DispatchDirect runs claimed steps in this process's own worker pool.
 	DispatchDirect = "direct"
 )
+
+// QueuesDefault returns the queues a client claims when Config.Queues is empty: ["default"], the queue of every step
+// that names none.
+func QueuesDefault() []string { return []string{"default"} }
+
+// queueName is a queue name as steps.queue takes it (River's rule; sql/015_bounds.sql, _queue_problem).
+var queueName = regexp.MustCompile(`^[a-z0-9]+([_|-]?[a-z0-9]+)*$`)
 
 // Config defaults.
 const (
@@ -74,6 +82,11 @@ type Config struct {
 	// Concurrency is the number of attempts this client runs at once (default 10). Claims never exceed the
 	// free capacity.
 	Concurrency int
+	// Queues are the queues whose steps this client claims (default QueuesDefault, ["default"]); in River
+	// dispatch its River client works exactly these queues. Whatever the queues, the client claims only steps whose
+	// handler Registry has: a step no running client can take stays ready (SPEC §21). Each must be a queue name
+	// as steps.queue takes it (docs/tables.md).
+	Queues []string
 	// Lease is the attempt lease (default 30 s, at least 300 ms). A worker heartbeats every Lease/3; an attempt
 	// whose worker died is retried within Lease + ReapInterval.
 	Lease time.Duration
@@ -129,6 +142,9 @@ type Config struct {
 func (c Config) withDefaults() Config {
 	c.Dispatch = cmp.Or(c.Dispatch, DispatchRiver)
 	c.Concurrency = cmp.Or(c.Concurrency, ConcurrencyDefault)
+	if len(c.Queues) == 0 {
+		c.Queues = QueuesDefault()
+	}
 	c.Lease = cmp.Or(c.Lease, LeaseDefault)
 	c.ReapInterval = cmp.Or(c.ReapInterval, ReapIntervalDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
@@ -178,6 +194,17 @@ func (c Config) validate() error {
 	}
 	if c.Concurrency < 1 {
 		bad("Concurrency", c.Concurrency, "must be 1 or more")
+	}
+	seen := map[string]bool{}
+	for _, q := range c.Queues {
+		switch {
+		case !queueName.MatchString(q) || len(q) > 64:
+			bad("Queues", fmt.Sprintf("%q", q), "must be a queue name: at most 64 lowercase letters and digits, "+
+				`in groups joined by one "_", "-" or "|" (as in "emails", "high-priority")`)
+		case seen[q]:
+			bad("Queues", fmt.Sprintf("%q", q), "is listed twice")
+		}
+		seen[q] = true
 	}
 	if c.Lease < LeaseMin {
 		bad("Lease", c.Lease, "must be at least %s", LeaseMin)

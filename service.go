@@ -92,7 +92,7 @@ func (c *Client) Start(ctx context.Context) error {
 	var disp dispatch.Dispatcher
 	switch cfg.Dispatch {
 	case DispatchDirect:
-		d := dispatch.NewDirect(pool, exec, cfg.Concurrency, m)
+		d := dispatch.NewDirect(pool, exec, cfg.Concurrency, cfg.Queues, m)
 		disp = d
 		svc.shutdown = func(ctx context.Context) error {
 			d.Shutdown(ctx)
@@ -106,7 +106,7 @@ func (c *Client) Start(ctx context.Context) error {
 			exec.Recorder.Stop()
 		}
 		r, err := dispatch.NewRiver(dispatch.RiverConfig{Pool: pool, Executor: exec,
-			Concurrency: cfg.Concurrency, PollOnly: cfg.PollOnly, PollInterval: cfg.PollInterval, Logger: log, Metrics: m})
+			Concurrency: cfg.Concurrency, Queues: cfg.Queues, PollOnly: cfg.PollOnly, PollInterval: cfg.PollInterval, Logger: log, Metrics: m})
 		if err != nil {
 			stopBatchers()
 			return err
@@ -155,7 +155,8 @@ func (c *Client) Start(ctx context.Context) error {
 	c.svc = svc
 	started = true
 	log.Info("stepready: client started", slog.String("worker", cfg.WorkerID), slog.String("dispatch", cfg.Dispatch),
-		slog.Int("concurrency", cfg.Concurrency), slog.Duration("lease", cfg.Lease),
+		slog.Int("concurrency", cfg.Concurrency), slog.Any("queues", cfg.Queues),
+		slog.Any("handlers", cfg.Registry.Names()), slog.Duration("lease", cfg.Lease),
 		slog.Bool("poll_only", cfg.PollOnly),
 		slog.String("query_exec_mode", pool.Config().ConnConfig.DefaultQueryExecMode.String()))
 	return nil

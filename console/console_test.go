@@ -316,7 +316,7 @@ func TestQueueStats(t *testing.T) {
 	}
 	require.NoError(t, rows.Err())
 	require.NotContains(t, text.String(), "Seq Scan", text.String())
-	require.Regexp(t, `steps_(claimable|claim_order)_idx`, text.String())
+	require.Regexp(t, `steps_(claimable|claim_order|claim_route)_idx`, text.String())
 	require.Contains(t, text.String(), "steps_lease_idx")
 }
 

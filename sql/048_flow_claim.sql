@@ -14,14 +14,20 @@
 -- from the start), at most p_max, '' (steps without a key) first in key order, with the id of each key's first
 -- claimable row in claim order (due time, then id) as the probe found it: the claim tries that row first, by
 -- its primary key, before it reads the key's range again. Each key is one probe of steps_claim_order_idx (a
--- loose index scan): the cost follows the keys returned, not the rows behind them.
+-- loose index scan): the cost follows the keys returned, not the rows behind them. A routed claim (p_rq/p_rh,
+-- _claim_routes in 060_claim.sql) sees only its routes' rows: each probe is one probe of steps_claim_route_idx
+-- per route, the next key the least of their answers.
 DROP FUNCTION IF EXISTS stepready._flow_next_keys(int, int, text, text, int); -- before it returned the keys only
+DROP FUNCTION IF EXISTS stepready._flow_next_rows(int, int, text, text, int); -- before routing
 CREATE OR REPLACE FUNCTION stepready._flow_next_rows(p_tp int, p_p int, p_after text, p_upto text, p_max int,
+                                                     p_rq text[], p_rh text[],
                                                      OUT p_keys text[], OUT p_ids bigint[])
 LANGUAGE plpgsql STABLE
 SET plan_cache_mode = force_generic_plan
--- Each probe must walk steps_claim_order_idx from the previous key: a plan that reads the claimable rows of
--- another index and sorts them costs O(claimable rows) per key (measured: 600 ms for a claim of 1,000 keys).
+SET jit = off
+-- Each probe must walk steps_claim_order_idx (steps_claim_route_idx) from the previous key: a plan that reads the
+-- claimable rows of another index and sorts them costs O(claimable rows) per key (measured: 600 ms for a claim of
+-- 1,000 keys).
 SET enable_sort = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
@@ -34,10 +40,25 @@ BEGIN
     p_ids := '{}';
     IF v_after IS NULL THEN
         -- From the start of the ring: '' (the steps without a key) sorts first.
-        SELECT s.flow_key, s.id INTO v_after, v_id FROM stepready.steps s
-         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
-           AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key >= ''
-         ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id LIMIT 1;
+        IF p_rq IS NULL THEN
+            SELECT s.flow_key, s.id INTO v_after, v_id FROM stepready.steps s
+             WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+               AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key >= ''
+             ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id LIMIT 1;
+        ELSE
+            SELECT x.flow_key, x.id INTO v_after, v_id
+              FROM unnest(p_rq, p_rh) AS r(q, h)
+             CROSS JOIN LATERAL (
+                   SELECT s.flow_key, GREATEST(s.next_attempt_at, '-infinity'::timestamptz) AS due, s.id
+                     FROM stepready.steps s
+                    WHERE s.queue = r.q AND s.handler = r.h
+                      AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
+                      AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key >= ''
+                    ORDER BY s.queue, s.handler, s.task_priority, s.priority, s.flow_key,
+                             GREATEST(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                    LIMIT 1) x
+             ORDER BY x.flow_key, x.due, x.id LIMIT 1;
+        END IF;
         IF v_after IS NULL OR v_after > p_upto THEN
             RETURN;
         END IF;
@@ -47,30 +68,71 @@ BEGIN
     IF cardinality(p_keys) >= p_max THEN
         RETURN;
     END IF;
-    -- One probe per key: each finds the first row of the smallest key after the previous one.
-    SELECT p_keys || COALESCE(array_agg(x.key ORDER BY x.n), '{}'), p_ids || COALESCE(array_agg(x.id ORDER BY x.n), '{}')
-      INTO p_keys, p_ids
-      FROM (WITH RECURSIVE k(key, id, n) AS (
-                SELECT r.flow_key, r.id, 1
-                  FROM (SELECT s.flow_key, s.id FROM stepready.steps s
-                         WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
-                           AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
-                           AND s.flow_key > v_after
-                         ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
-                         LIMIT 1) r
-                UNION ALL
-                SELECT r.flow_key, r.id, k.n + 1
-                  FROM k
-                 CROSS JOIN LATERAL (
-                       SELECT s.flow_key, s.id FROM stepready.steps s
-                        WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
-                          AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
-                          AND s.flow_key > k.key
-                        ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
-                        LIMIT 1) r
-                 WHERE k.n < p_max - cardinality(p_keys)
-                   AND (p_upto IS NULL OR k.key < p_upto))
-            SELECT k.key, k.id, k.n FROM k WHERE p_upto IS NULL OR k.key <= p_upto) x;
+    -- One probe per key (per route and key, routed): each finds the first row of the smallest key after the
+    -- previous one.
+    IF p_rq IS NULL THEN
+        SELECT p_keys || COALESCE(array_agg(x.key ORDER BY x.n), '{}'), p_ids || COALESCE(array_agg(x.id ORDER BY x.n), '{}')
+          INTO p_keys, p_ids
+          FROM (WITH RECURSIVE k(key, id, n) AS (
+                    SELECT r.flow_key, r.id, 1
+                      FROM (SELECT s.flow_key, s.id FROM stepready.steps s
+                             WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                               AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
+                               AND s.flow_key > v_after
+                             ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                             LIMIT 1) r
+                    UNION ALL
+                    SELECT r.flow_key, r.id, k.n + 1
+                      FROM k
+                     CROSS JOIN LATERAL (
+                           SELECT s.flow_key, s.id FROM stepready.steps s
+                            WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                              AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
+                              AND s.flow_key > k.key
+                            ORDER BY s.flow_key, COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                            LIMIT 1) r
+                     WHERE k.n < p_max - cardinality(p_keys)
+                       AND (p_upto IS NULL OR k.key < p_upto))
+                SELECT k.key, k.id, k.n FROM k WHERE p_upto IS NULL OR k.key <= p_upto) x;
+    ELSE
+        SELECT p_keys || COALESCE(array_agg(x.key ORDER BY x.n), '{}'), p_ids || COALESCE(array_agg(x.id ORDER BY x.n), '{}')
+          INTO p_keys, p_ids
+          FROM (WITH RECURSIVE k(key, id, n) AS (
+                    SELECT m.flow_key, m.id, 1
+                      FROM (SELECT y.flow_key, y.id
+                              FROM unnest(p_rq, p_rh) AS r(q, h)
+                             CROSS JOIN LATERAL (
+                                   SELECT s.flow_key, GREATEST(s.next_attempt_at, '-infinity'::timestamptz) AS due, s.id
+                                     FROM stepready.steps s
+                                    WHERE s.queue = r.q AND s.handler = r.h
+                                      AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                                      AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
+                                      AND s.flow_key > v_after
+                                    ORDER BY s.queue, s.handler, s.task_priority, s.priority, s.flow_key,
+                                             GREATEST(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                                    LIMIT 1) y
+                             ORDER BY y.flow_key, y.due, y.id LIMIT 1) m
+                    UNION ALL
+                    SELECT m.flow_key, m.id, k.n + 1
+                      FROM k
+                     CROSS JOIN LATERAL (
+                           SELECT y.flow_key, y.id
+                             FROM unnest(p_rq, p_rh) AS r(q, h)
+                            CROSS JOIN LATERAL (
+                                  SELECT s.flow_key, GREATEST(s.next_attempt_at, '-infinity'::timestamptz) AS due, s.id
+                                    FROM stepready.steps s
+                                   WHERE s.queue = r.q AND s.handler = r.h
+                                     AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                                     AND NOT s.task_held AND s.task_priority = p_tp AND s.priority = p_p
+                                     AND s.flow_key > k.key
+                                   ORDER BY s.queue, s.handler, s.task_priority, s.priority, s.flow_key,
+                                            GREATEST(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                                   LIMIT 1) y
+                            ORDER BY y.flow_key, y.due, y.id LIMIT 1) m
+                     WHERE k.n < p_max - cardinality(p_keys)
+                       AND (p_upto IS NULL OR k.key < p_upto))
+                SELECT k.key, k.id, k.n FROM k WHERE p_upto IS NULL OR k.key <= p_upto) x;
+    END IF;
 END;
 $$;
 
@@ -156,11 +218,18 @@ $$;
 -- flow_status apply, with what the claim took before it counted in: rate limits take one token per step
 -- (_flow_tokens); a key left with claimable steps and no token records when the next token arrives (wake_at, read
 -- by next_flow_at).
+--
+-- A routed claim (p_rq/p_rh: _claim_routes in 060_claim.sql) walks the ring of the keys its routes have rows
+-- of, and reads each key's rows of those routes merged in claim order (due time, id); it locks only the rows it
+-- takes. Limits and fairness are the key's whatever the routes: the slots counted are all the key's steps in
+-- flight, whichever claimer took them.
+DROP FUNCTION IF EXISTS stepready._claim_flow_group(int, int, int, timestamptz, bigint[], text[], text, bool);
 CREATE OR REPLACE FUNCTION stepready._claim_flow_group(
-    p_tp int, p_p int, p_limit int, p_as_of timestamptz,
+    p_tp int, p_p int, p_limit int, p_as_of timestamptz, p_rq text[], p_rh text[],
     INOUT p_ids bigint[], INOUT p_states text[], INOUT p_cursor text, INOUT p_locked bool)
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 -- Every per-key read is an index probe (steps_claim_order_idx, steps_in_flight_key_idx, flow_state's key): never a
 -- plan that reads a whole index or table once statistics make the tables look small.
 SET enable_seqscan = off
@@ -198,7 +267,7 @@ BEGIN
         IF v_round1 THEN
             -- Round 1: the next keys in ring order, one step each.
             SELECT n.p_keys, n.p_ids INTO v_batch, v_first
-              FROM stepready._flow_next_rows(p_tp, p_p, v_after, v_upto, GREATEST(v_want, 16)) n;
+              FROM stepready._flow_next_rows(p_tp, p_p, v_after, v_upto, GREATEST(v_want, 16), p_rq, p_rh) n;
             IF cardinality(v_batch) = 0 THEN
                 IF v_wrapped THEN
                     v_round1 := false;
@@ -233,39 +302,95 @@ BEGIN
         -- key's rows come together). While nothing has been taken from a key (its first visit, in round 1: one
         -- row wanted) the row its probe found is tried first by its primary key: when it is due, eligible and
         -- not locked it is exactly the row the range would give (the key's first in claim order), and the range is
-        -- not read at all (the LIMIT stops the UNION ALL after it).
+        -- not read at all (the LIMIT stops the UNION ALL after it). Routed, the range is the key's first rows of
+        -- each route (unlocked), merged in claim order; only the rows taken are locked. One of the two branches
+        -- runs, the other is cut off by its constant filter (p_rq IS NULL) before it reads anything.
         v_cur := NULL;
         FOR r IN SELECT v.i, c.id, c.state, c.due, c.concurrency_key, c.concurrency_limit, c.rate_key, c.rate_limit,
                         c.rate_period_ms
                    FROM unnest(v_visit) WITH ORDINALITY AS v(i, ord)
                   CROSS JOIN LATERAL (
                         SELECT * FROM (
-                            SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due,
-                                   s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms
-                              FROM stepready.steps s
-                             WHERE (k[v.i]).pos_id = 0 AND s.id = (k[v.i]).first_id
-                               AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
-                               AND NOT s.task_held
-                               AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = (k[v.i]).key
-                               AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
-                               AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
-                               FOR UPDATE SKIP LOCKED) a
+                            SELECT * FROM (
+                                SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due,
+                                       s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit,
+                                       s.rate_period_ms
+                                  FROM stepready.steps s
+                                 WHERE (k[v.i]).pos_id = 0 AND s.id = (k[v.i]).first_id
+                                   AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                                   AND NOT s.task_held
+                                   AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = (k[v.i]).key
+                                   AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                                   AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
+                                   FOR UPDATE SKIP LOCKED) a
+                            UNION ALL
+                            SELECT * FROM (
+                                SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due,
+                                       s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit,
+                                       s.rate_period_ms
+                                  FROM stepready.steps s
+                                 WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                                   AND NOT s.task_held
+                                   AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = (k[v.i]).key
+                                   AND (COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id)
+                                       > ((k[v.i]).pos_due, (k[v.i]).pos_id)
+                                   AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                                   AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
+                                 ORDER BY COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
+                                 LIMIT v_q
+                                   FOR UPDATE SKIP LOCKED) b
+                            LIMIT v_q) u
+                         WHERE p_rq IS NULL
                         UNION ALL
                         SELECT * FROM (
-                            SELECT s.id, s.state, COALESCE(s.next_attempt_at, '-infinity'::timestamptz) AS due,
-                                   s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms
-                              FROM stepready.steps s
-                             WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
-                               AND NOT s.task_held
-                               AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = (k[v.i]).key
-                               AND (COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id)
-                                   > ((k[v.i]).pos_due, (k[v.i]).pos_id)
-                               AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
-                               AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
-                             ORDER BY COALESCE(s.next_attempt_at, '-infinity'::timestamptz), s.id
-                             LIMIT v_q
-                               FOR UPDATE SKIP LOCKED) b
-                        LIMIT v_q) c
+                            SELECT * FROM (
+                                SELECT s.id, s.state, GREATEST(s.next_attempt_at, '-infinity'::timestamptz) AS due,
+                                       s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit,
+                                       s.rate_period_ms
+                                  FROM stepready.steps s
+                                 WHERE (k[v.i]).pos_id = 0 AND s.id = (k[v.i]).first_id
+                                   AND s.queue = ANY (p_rq) AND s.handler = ANY (p_rh)
+                                   AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                                   AND NOT s.task_held
+                                   AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = (k[v.i]).key
+                                   AND GREATEST(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                                   AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
+                                   FOR UPDATE SKIP LOCKED) a
+                            UNION ALL
+                            SELECT * FROM (
+                                SELECT s.id, s.state, m.due, s.concurrency_key, s.concurrency_limit, s.rate_key,
+                                       s.rate_limit, s.rate_period_ms
+                                  FROM (SELECT y.id, y.due
+                                          FROM unnest(p_rq, p_rh) AS rt(q, h)
+                                         CROSS JOIN LATERAL (
+                                               SELECT s2.id, GREATEST(s2.next_attempt_at, '-infinity'::timestamptz) AS due
+                                                 FROM stepready.steps s2
+                                                WHERE s2.queue = rt.q AND s2.handler = rt.h
+                                                  AND s2.state IN ('pending', 'waiting_for_retry')
+                                                  AND s2.pending_parents = 0 AND NOT s2.task_held
+                                                  AND s2.task_priority = p_tp AND s2.priority = p_p
+                                                  AND s2.flow_key = (k[v.i]).key
+                                                  AND (GREATEST(s2.next_attempt_at, '-infinity'::timestamptz), s2.id)
+                                                      > ((k[v.i]).pos_due, (k[v.i]).pos_id)
+                                                  AND GREATEST(s2.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                                                  AND stepready.retry_eligible(s2.attempts, s2.max_attempts,
+                                                                               s2.retryable)
+                                                ORDER BY s2.queue, s2.handler, s2.task_priority, s2.priority,
+                                                         s2.flow_key,
+                                                         GREATEST(s2.next_attempt_at, '-infinity'::timestamptz), s2.id
+                                                LIMIT v_q) y) m
+                                  JOIN stepready.steps s ON s.id = m.id
+                                 WHERE s.queue = ANY (p_rq) AND s.handler = ANY (p_rh)
+                                   AND s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0
+                                   AND NOT s.task_held
+                                   AND s.task_priority = p_tp AND s.priority = p_p AND s.flow_key = (k[v.i]).key
+                                   AND GREATEST(s.next_attempt_at, '-infinity'::timestamptz) <= p_as_of
+                                   AND stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable)
+                                 ORDER BY m.due, m.id
+                                 LIMIT v_q
+                                   FOR UPDATE OF s SKIP LOCKED) b
+                            LIMIT v_q) u
+                         WHERE p_rq IS NOT NULL) c
                   ORDER BY v.ord, c.due, c.id
         LOOP
             EXIT WHEN v_want <= 0;
@@ -371,6 +496,7 @@ CREATE OR REPLACE FUNCTION stepready._claim_flow_keys(p_batch text[], p_first bi
 RETURNS stepready._claim_key[]
 LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan
+SET jit = off
 SET enable_seqscan = off
 SET enable_bitmapscan = off
 AS $$

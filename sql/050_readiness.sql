@@ -6,7 +6,8 @@
 -- each had a list of their own, with different members and ranks). step_readiness reports the first reason that
 -- applies (_blocked_reason's CASE, then flow control, in this order: TestReadinessReasonsPrecedence walks one step
 -- through all of them); explain takes its ranks from here; the docs' table is generated from it (tests/docs
--- TestReasonLists). A new reason is added here first, at its rank.
+-- TestReasonLists). A new reason is added here first, at its rank. The last, waiting_for_worker, is explain's
+-- row for a ready step (work routing: the queue and handler it waits for); step_readiness never reports it.
 CREATE OR REPLACE FUNCTION stepready.readiness_reasons()
 RETURNS TABLE (rank int, reason text, meaning text)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -22,7 +23,8 @@ AS $$
         (8, 'retries_exhausted', 'it has had its `max_attempts`'),
         (9, 'backoff', 'its `next_attempt_at` is still to come: a retry''s backoff, or a delayed first attempt or iteration'),
         (10, 'concurrency_limited', 'nothing of its own holds it, but its concurrency key has its limit of steps in flight'),
-        (11, 'rate_limited', 'nothing of its own holds it, but its rate key has no token until the next one arrives')
+        (11, 'rate_limited', 'nothing of its own holds it, but its rate key has no token until the next one arrives'),
+        (12, 'waiting_for_worker', 'nothing holds it: it is ready, and waits for a claim that takes its queue and has its handler (explain only: `step_readiness` reports it ready)')
     ) AS v(rank, reason, meaning);
 $$;
 

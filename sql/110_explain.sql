@@ -12,7 +12,9 @@
 --   an orphaned lease, reported as in_flight), concurrency_limited, rate_limited (both through _flow_refusal, the
 --   claim's rule): only for a step waiting to start (pending or waiting_for_retry). For a terminal or in-flight
 --   step they decide nothing (a complete step with attempts = max_attempts is not "exhausted"), and reporting
---   them would only mislead.
+--   them would only mislead;
+--   waiting_for_worker: for a step waiting to start that none of the others holds, i.e. a ready one: the queue
+--   and handler a claim must take to start it (work routing: a step no running worker can take stays ready).
 
 -- A wait in plain words, as the CLI prints durations: "850ms" is never shown, "0.9s", "1m05s", "2h03m", and from
 -- two days on days and hours, "3d04h" (not "27179h28m").
@@ -53,7 +55,7 @@ LANGUAGE sql STABLE
 AS $$
     WITH s AS (
         SELECT s.id, s.task_id, s.name, s.state, s.attempts, s.max_attempts, s.retryable, s.next_attempt_at,
-               s.lease_owner, s.lease_expires_at,
+               s.lease_owner, s.lease_expires_at, s.queue, s.handler,
                t.status AS task_status, t.paused AS task_paused, t.run_at AS task_run_at,
                s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms,
                s.state IN ('pending', 'waiting_for_retry') AS waiting,
@@ -158,17 +160,26 @@ AS $$
               LEFT JOIN stepready.flow_limits l ON l.key = s.rate_key) n
          WHERE s.waiting AND s.rate_key IS NOT NULL AND n.why = 'rate_limited'
     )
+    , w AS (
+        SELECT * FROM r
+        UNION ALL
+        SELECT s.*, 'waiting_for_worker',
+               format('ready: waits for a worker that takes queue %s and has handler %s', s.queue, s.handler),
+               NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.waiting AND NOT EXISTS (SELECT 1 FROM r WHERE r.id = s.id)
+    )
     SELECT r.task_id, r.id, r.name, r.state, rr.rank, r.reason, r.message, r.p_id, r.p_name, r.p_state,
            r.p_attempts, r.p_max, r.attempts, r.max_attempts, r.retryable, r.next_attempt_at,
            CASE WHEN r.next_attempt_at > p_as_of
                 THEN ceil(extract(epoch FROM r.next_attempt_at - p_as_of) * 1000)::bigint END
-      FROM r
+      FROM w r
       JOIN stepready.readiness_reasons() rr ON rr.reason = r.reason
      ORDER BY r.task_id, r.id, rr.rank, r.p_id;
 $$;
 
 -- Every reason step p_step_id is not ready at p_as_of, one row per reason in precedence order (one row per
--- unsatisfied parent); zero rows when it is ready. An unknown step raises P0002, like the operator functions.
+-- unsatisfied parent); one row, waiting_for_worker, when it is ready and waits for a claim. An unknown step raises
+-- P0002, like the operator functions.
 CREATE OR REPLACE FUNCTION stepready.explain_step(p_step_id bigint, p_as_of timestamptz DEFAULT now())
 RETURNS TABLE (
     task_id             bigint,
@@ -199,7 +210,8 @@ BEGIN
 END;
 $$;
 
--- explain_step for every step of task p_task_id, ordered by step id then precedence; ready steps have no row.
+-- explain_step for every step of task p_task_id, ordered by step id then precedence; a ready step has its one
+-- waiting_for_worker row.
 -- An unknown task raises P0002.
 CREATE OR REPLACE FUNCTION stepready.explain_task(p_task_id bigint, p_as_of timestamptz DEFAULT now())
 RETURNS TABLE (

@@ -27,6 +27,7 @@ import (
 type daemonFlags struct {
 	dispatch      string
 	concurrency   int
+	queues        []string
 	lease         time.Duration
 	reapInterval  time.Duration
 	pollInterval  time.Duration
@@ -53,6 +54,9 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 	fs.StringVar(&d.dispatch, "dispatch", dispatchDefault, "how claimed steps reach a worker: "+
 		stepready.DispatchRiver+" (River jobs, worked by any scheduler on the database) or "+
 		stepready.DispatchDirect+" (this process's own worker pool)")
+	fs.StringSliceVar(&d.queues, "queues", stepready.QueuesDefault(),
+		"the queues whose steps this process claims, comma-separated (in River dispatch its River client works exactly\n"+
+			"these); it claims only steps whose handler it has, so a step no running scheduler can take stays ready")
 	fs.IntVar(&d.concurrency, "concurrency", stepready.ConcurrencyDefault,
 		"attempts this process runs at once; claims never exceed the free capacity")
 	fs.DurationVar(&d.lease, "lease", stepready.LeaseDefault, fmt.Sprintf("attempt lease, renewed every "+
@@ -142,7 +146,7 @@ func noGrace(d time.Duration) time.Duration {
 
 // configFlags names the flag of each Config field the daemon flags set, for Config.Validate's errors.
 var configFlags = map[string]string{
-	"Dispatch": "dispatch", "Concurrency": "concurrency", "Lease": "lease", "ReapInterval": "reap-interval",
+	"Dispatch": "dispatch", "Concurrency": "concurrency", "Queues": "queues", "Lease": "lease", "ReapInterval": "reap-interval",
 	"PollInterval": "poll-interval", "ShutdownGrace": "shutdown-grace", "WorkerID": "worker-id",
 	"RetentionComplete": "retention-complete", "RetentionFailed": "retention-failed",
 	"PruneInterval": "prune-interval", "ScheduleInterval": "schedule-interval", "BacklogInterval": "backlog-interval",
@@ -157,6 +161,9 @@ func (d *daemonFlags) validate() error {
 	// A zero in Config takes the default; a 0 typed on the command line is a mistake.
 	if d.concurrency == 0 {
 		return usagef("--concurrency 0: must be 1 or more")
+	}
+	if len(d.queues) == 0 {
+		return usagef("--queues: name at least one queue (default: default)")
 	}
 	for _, f := range []struct {
 		flag string
@@ -206,6 +213,7 @@ func (d *daemonFlags) config(reg *steps.Registry, logger *slog.Logger, metrics p
 		Registry:          reg,
 		Dispatch:          d.dispatch,
 		Concurrency:       d.concurrency,
+		Queues:            d.queues,
 		Lease:             d.lease,
 		ReapInterval:      d.reapInterval,
 		PollInterval:      d.pollInterval,

@@ -60,6 +60,7 @@ func runDefaults() runParams {
 		daemon: daemonFlags{
 			dispatch:          stepready.DispatchRiver,
 			concurrency:       stepready.ConcurrencyDefault,
+			queues:            stepready.QueuesDefault(),
 			lease:             stepready.LeaseDefault,
 			reapInterval:      stepready.ReapIntervalDefault,
 			pollInterval:      stepready.PollIntervalDefault,
@@ -81,6 +82,7 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		"DATABASE_URL":                 "postgres://from-env",
 		"STEPREADY_DISPATCH":           "direct",
 		"STEPREADY_CONCURRENCY":        "7",
+		"STEPREADY_QUEUES":             "media,high-priority",
 		"STEPREADY_LEASE":              "45s",
 		"STEPREADY_REAP_INTERVAL":      "3s",
 		"STEPREADY_POLL_INTERVAL":      "250ms",
@@ -106,7 +108,8 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		metricsAddr: "127.0.0.1:9999",
 		allowExec:   true,
 		waitForDB:   waitBound{d: 90 * time.Second},
-		daemon: daemonFlags{dispatch: "direct", concurrency: 7, lease: 45 * time.Second, reapInterval: 3 * time.Second,
+		daemon: daemonFlags{dispatch: "direct", concurrency: 7, queues: []string{"media", "high-priority"},
+			lease: 45 * time.Second, reapInterval: 3 * time.Second,
 			pollInterval: 250 * time.Millisecond, shutdownGrace: 0, workerID: "worker-env", pollOnly: true,
 			retentionComplete: 24 * time.Hour, retentionFailed: stepready.KeepForever, pruneInterval: 5 * time.Minute,
 			scheduleInterval: stepready.Off, backlogInterval: stepready.Off,
@@ -126,6 +129,7 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 			want: func(p *runParams) { *p = fromEveryVariable }, logLevel: "debug", logFormat: "json"},
 		{name: "flags beat the environment", env: everyVariable,
 			args: []string{"--database-url", "postgres://db", "--dispatch", "river", "--concurrency", "3",
+				"--queues", "default,emails",
 				"--lease", "1m", "--reap-interval", "20s", "--poll-interval", "2s", "--shutdown-grace", "4s",
 				"--worker-id", "worker-flag", "--metrics-addr", ":9090", "--poll-only=false", "--allow-exec=false",
 				"--log-format", "text", "--log-level", "warn", "--retention-complete", "1h", "--retention-failed", "2h",
@@ -135,7 +139,8 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 			want: func(p *runParams) {
 				p.metricsAddr = ":9090"
 				p.waitForDB = waitBound{}
-				p.daemon = daemonFlags{dispatch: "river", concurrency: 3, lease: time.Minute,
+				p.daemon = daemonFlags{dispatch: "river", concurrency: 3, queues: []string{"default", "emails"},
+					lease:        time.Minute,
 					reapInterval: 20 * time.Second, pollInterval: 2 * time.Second, shutdownGrace: 4 * time.Second,
 					workerID: "worker-flag", retentionComplete: time.Hour, retentionFailed: 2 * time.Hour,
 					pruneInterval: 10 * time.Second, scheduleInterval: 2 * time.Second, backlogInterval: 30 * time.Second,
@@ -180,6 +185,10 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 		{name: "no database", env: map[string]string{}, want: "pass --database-url or set DATABASE_URL"},
 		{name: "dispatch", args: []string{"--dispatch", "kafka"}, want: `--dispatch "kafka": must be "river" or "direct"`},
 		{name: "concurrency", args: []string{"--concurrency", "0"}, want: "--concurrency 0: must be 1 or more"},
+		{name: "queue name", args: []string{"--queues", "default,Media"},
+			want: `--queues "Media": must be a queue name: at most 64 lowercase letters and digits`},
+		{name: "queue twice", args: []string{"--queues", "a,b,a"}, want: `--queues "a": is listed twice`},
+		{name: "no queue", args: []string{"--queues", ""}, want: `--queues: name at least one queue`},
 		{name: "lease", args: []string{"--lease", "100ms"}, want: "--lease 100ms: must be at least 300ms"},
 		{name: "reap interval vs lease", args: []string{"--lease", "5s"},
 			want: "--reap-interval 10s: must be more than 0 and shorter than --lease (5s), or off"},
@@ -228,7 +237,7 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 var runFlags = []string{"allow-exec", "concurrency", "database-url", "dispatch", "lease", "metrics-addr",
 	"poll-interval", "poll-only", "prune-interval", "reap-interval", "retention-complete", "retention-failed",
 	"shutdown-grace", "worker-id", "http-deny-private", "http-allow-hosts", "max-output-bytes", "sql-database-url",
-	"ui-addr", "ui-allow-actions", "ui-token", "schedule-interval", "backlog-interval", "wait-for-db"}
+	"ui-addr", "ui-allow-actions", "ui-token", "schedule-interval", "backlog-interval", "wait-for-db", "queues"}
 
 func TestRunHasExactlyTheDocumentedFlags(t *testing.T) {
 	t.Parallel()

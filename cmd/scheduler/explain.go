@@ -104,7 +104,12 @@ func (r *explainReport) writeTable(cmd *cobra.Command) error {
 	for _, s := range r.Steps {
 		attempt := fmt.Sprintf("%d/%s", s.Attempts, orDash(s.MaxAttempts))
 		if s.Ready {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", s.StepID, termSafe(s.Name), s.State, attempt, "ready")
+			// "ready", and which worker it waits for (the waiting_for_worker reason) when it waits for a claim.
+			msg := "ready"
+			if len(s.Reasons) > 0 {
+				msg = s.Reasons[0].Message
+			}
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\n", s.StepID, termSafe(s.Name), s.State, attempt, termSafe(msg))
 			continue
 		}
 		for i, e := range s.Reasons {

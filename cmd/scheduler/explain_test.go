@@ -71,7 +71,9 @@ func TestExplainJSON(t *testing.T) {
 	require.Equal(t, "fetch", *byName["parse"].Reasons[0].ParentName)
 	require.Equal(t, int64(1800), *byName["store"].Reasons[0].WaitMs)
 	require.True(t, byName["load"].Ready)
-	require.Empty(t, byName["load"].Reasons)
+	require.Len(t, byName["load"].Reasons, 1, "a ready step's one reason: the worker it waits for")
+	require.Equal(t, "waiting_for_worker", byName["load"].Reasons[0].Reason)
+	require.Contains(t, byName["load"].Reasons[0].Message, "queue default and has handler noop")
 
 	// One step, judged at the database's own clock (no --as-of): store's backoff, in 2030, is another day.
 	stdout, stderr, err = b.run("explain", "--step", "3", "-o", "json")

@@ -291,6 +291,7 @@ var scenarios = []scenario{
 	{"steady state", steady},
 	{"flow control", flowControl},
 	{"python worker", pythonWorker},
+	{"routed claim", routedClaim},
 }
 
 // Print writes the report as a table.

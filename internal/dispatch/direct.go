@@ -28,6 +28,7 @@ type Direct struct {
 	conc     int
 	worker   string
 	lease    time.Duration
+	queues   []string
 	metrics  *metrics.Metrics
 
 	work       context.Context
@@ -39,11 +40,15 @@ type Direct struct {
 	unrecorded int // attempts started whose outcome is not recorded yet (running ones included)
 }
 
-// NewDirect returns a direct dispatcher running at most concurrency attempts of exec at once.
-func NewDirect(pool *pgxpool.Pool, exec *worker.Executor, concurrency int, m *metrics.Metrics) *Direct {
+// NewDirect returns a direct dispatcher running at most concurrency attempts of exec at once. It claims only steps
+// of queues (nil or empty: "default") whose handler exec's registry has (SPEC §21).
+func NewDirect(pool *pgxpool.Pool, exec *worker.Executor, concurrency int, queues []string, m *metrics.Metrics) *Direct {
+	if len(queues) == 0 {
+		queues = []string{"default"}
+	}
 	work, cancel := context.WithCancelCause(context.Background())
 	return &Direct{pool: pool, executor: exec, conc: concurrency, worker: exec.Worker, lease: exec.Lease,
-		metrics: m, work: work, cancelWork: cancel, freed: make(chan struct{}, 1)}
+		queues: queues, metrics: m, work: work, cancelWork: cancel, freed: make(chan struct{}, 1)}
 }
 
 // Free implements Dispatcher.
@@ -66,8 +71,10 @@ func (d *Direct) Dispatch(ctx context.Context, limit int) (int, store.NextDue, e
 	// their goroutine; a stop then drains them like any other.
 	claimCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), claimTimeout)
 	defer cancel()
-	// next_claim_at is read in the claim's round trip and transaction, before it (see Poller.claimAll).
-	claimed, due, err := store.ClaimAndStartStepsNextDue(claimCtx, d.pool, limit, d.worker, d.lease)
+	// next_claim_at is read in the claim's round trip and transaction, before it (see Poller.claimAll). The claim
+	// takes only what this process can run: its queues, and the handlers its registry has now.
+	claimed, due, err := store.ClaimAndStartStepsNextDue(claimCtx, d.pool, limit, d.worker, d.lease,
+		store.Routes{Queues: d.queues, Handlers: d.executor.Registry.Names()})
 	if err != nil {
 		return 0, store.NextDue{}, err
 	}

@@ -40,7 +40,7 @@ func TestDirectFreesSlotsBeforeRecordingAndBoundsWhatWaits(t *testing.T) {
 	reg.MustRegister("noop", steps.HandlerFunc(func(context.Context, *steps.Step) (any, error) { return nil, nil }))
 	exec := &worker.Executor{Pool: db.Pool, Registry: reg, Worker: "w", Lease: time.Minute}
 	exec.Recorder = worker.NewBatchRecorder(db.Pool, 0, nil)
-	d := dispatch.NewDirect(db.Pool, exec, 2, nil)
+	d := dispatch.NewDirect(db.Pool, exec, 2, nil, nil)
 	defer func() {
 		d.Shutdown(context.WithoutCancel(ctx))
 		exec.Recorder.Stop()

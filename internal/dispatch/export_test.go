@@ -15,3 +15,10 @@ func WithoutRowCheck(cfg RiverConfig) RiverConfig {
 	cfg.skipCheck = true
 	return cfg
 }
+
+// WithClaimQueues returns cfg whose claims take steps of queues instead of cfg.Queues (River's client still works
+// cfg.Queues): a claim can then hold a step whose queue River refuses.
+func WithClaimQueues(cfg RiverConfig, queues ...string) RiverConfig {
+	cfg.claimQueues = queues
+	return cfg
+}

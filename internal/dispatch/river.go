@@ -45,7 +45,8 @@ type RiverConfig struct {
 	Executor *worker.Executor
 	// Concurrency is both this process's River workers per queue and the bound on jobs waiting to be worked.
 	Concurrency int
-	// Queues are the River queues (steps.queue values) this process works. Default: ["default"].
+	// Queues are the River queues (steps.queue values) this process claims and works: its claims take steps of
+	// these queues only, whose handler Executor's registry has (SPEC §21). Default: ["default"].
 	Queues []string
 	// PollOnly disables River's LISTEN/NOTIFY. River's producers then find new jobs only by polling: every
 	// PollInterval, at most River's FetchPollIntervalDefault (1 s).
@@ -60,6 +61,9 @@ type RiverConfig struct {
 
 	// fetchCooldown overrides River's FetchCooldown (tests only; zero: fetchCooldownDefault).
 	fetchCooldown time.Duration
+	// claimQueues replaces Queues in the claim only (tests only: a claim of a queue River refuses, which a
+	// dispatcher never claims otherwise).
+	claimQueues []string
 	// skipCheck leaves the claimed rows unchecked before their jobs are inserted (tests only: River then refuses a
 	// bad queue itself, and Dispatch's fallback is what fails the step).
 	skipCheck bool
@@ -173,6 +177,15 @@ func (r *River) Free(ctx context.Context) (int, error) {
 	return max(r.cfg.Concurrency-running-waiting, 0), nil
 }
 
+// routes are what the dispatcher's claims take: its River client's queues, and the handlers its registry has now.
+func (r *River) routes() store.Routes {
+	queues := r.cfg.Queues
+	if r.cfg.claimQueues != nil {
+		queues = r.cfg.claimQueues
+	}
+	return store.Routes{Queues: queues, Handlers: r.cfg.Executor.Registry.Names()}
+}
+
 // Freed implements Dispatcher.
 func (r *River) Freed() <-chan struct{} { return r.freed }
 
@@ -203,7 +216,9 @@ func (r *River) dispatch(ctx context.Context, limit int, oneByOne bool) (int, st
 	var n int
 	var due store.NextDue
 	err := pgx.BeginFunc(ctx, r.cfg.Pool, func(tx pgx.Tx) error {
-		claimed, nextDue, err := store.ClaimReadyStepsNextDue(ctx, tx, limit, r.cfg.Executor.Worker, r.cfg.Executor.Lease)
+		// Only what this process's River client works: its queues, and the handlers its registry has now.
+		claimed, nextDue, err := store.ClaimReadyStepsNextDue(ctx, tx, limit, r.cfg.Executor.Worker,
+			r.cfg.Executor.Lease, r.routes())
 		if err != nil || len(claimed) == 0 {
 			due = nextDue
 			return err

@@ -1,6 +1,7 @@
 package dispatch_test
 
 import (
+	"context"
 	"fmt"
 	"log/slog"
 	"testing"
@@ -54,9 +55,13 @@ func TestRiverDispatchFailsAloneAStepItCannotDispatch(t *testing.T) {
 			require.NoError(t, db.Pool.QueryRow(ctx, `UPDATE stepready.steps SET queue = 'Bad Queue!'
 				WHERE name = 'bad' RETURNING id`).Scan(&badID))
 
-			exec := &worker.Executor{Pool: pool, Registry: steps.NewRegistry(), Worker: "w", Lease: time.Minute}
-			r, err := dispatch.NewRiver(tc.cfg(dispatch.RiverConfig{Pool: pool, Executor: exec, Concurrency: 10,
-				Logger: slog.New(slog.DiscardHandler)}))
+			reg := steps.NewRegistry()
+			reg.MustRegister("h", steps.HandlerFunc(func(context.Context, *steps.Step) (any, error) { return nil, nil }))
+			exec := &worker.Executor{Pool: pool, Registry: reg, Worker: "w", Lease: time.Minute}
+			// The claim takes the bad queue too, which a dispatcher never claims on its own (its claims name its
+			// River client's queues): the row check and River's refusal are the guards behind that.
+			r, err := dispatch.NewRiver(tc.cfg(dispatch.WithClaimQueues(dispatch.RiverConfig{Pool: pool, Executor: exec,
+				Concurrency: 10, Logger: slog.New(slog.DiscardHandler)}, "default", "Bad Queue!")))
 			require.NoError(t, err)
 
 			n, _, err := r.Dispatch(ctx, 10)

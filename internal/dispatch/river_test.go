@@ -35,7 +35,9 @@ func TestRiverDispatchAnnouncesEveryClaim(t *testing.T) {
 	defer func() { _ = listener.Close(context.WithoutCancel(ctx)) }()
 	require.NoError(t, listener.Listen(ctx, "river_insert"))
 
-	exec := &worker.Executor{Pool: pool, Registry: steps.NewRegistry(), Worker: "w", Lease: time.Minute}
+	reg := steps.NewRegistry()
+	reg.MustRegister("h", steps.HandlerFunc(func(context.Context, *steps.Step) (any, error) { return nil, nil }))
+	exec := &worker.Executor{Pool: pool, Registry: reg, Worker: "w", Lease: time.Minute}
 	// River's own announcement of an insert comes at most once an hour here.
 	r, err := dispatch.NewRiver(dispatch.WithFetchCooldown(dispatch.RiverConfig{Pool: pool, Executor: exec,
 		Concurrency: 10, Logger: slog.New(slog.DiscardHandler)}, time.Hour))

@@ -30,7 +30,8 @@ type StepDetail struct {
 	// InputProblem is why the input does not resolve now (a parent not finished yet, a path that names nothing).
 	InputProblem *string   `json:"input_problem,omitempty"`
 	AsOf         time.Time `json:"as_of"`
-	// Reasons are every reason the step may not start now, in precedence order (empty when it is ready).
+	// Reasons are every reason the step may not start now, in precedence order (when it is ready: its wait for a
+	// worker, waiting_for_worker).
 	Reasons  []Reason  `json:"reasons"`
 	Attempts []Attempt `json:"attempts"`
 	// Events are the step's newest events (at most StepEventsLimit), newest first.

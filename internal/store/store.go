@@ -70,6 +70,19 @@ func ClaimReadySteps(ctx context.Context, db DBTX, limit int, worker string, lea
 const claimReadySQL = `SELECT step_id, task_id, name, handler, input, attempts, timeout_ms, queue
 	FROM stepready.claim_ready_steps($1, $2, $3)`
 
+// Routes restricts a claim to the steps a worker can take (SPEC §21: the claim functions' p_queues and
+// p_handlers). A nil slice allows any (NULL); an empty, non-nil one allows none.
+type Routes struct {
+	// Queues are the queues whose steps the claim takes.
+	Queues []string
+	// Handlers are the handler names whose steps the claim takes.
+	Handlers []string
+}
+
+// claimReadyRoutedSQL is claimReadySQL with the routing filters ($4, $5), p_as_of left to its default.
+const claimReadyRoutedSQL = `SELECT step_id, task_id, name, handler, input, attempts, timeout_ms, queue
+	FROM stepready.claim_ready_steps($1, $2, $3, p_queues => $4, p_handlers => $5)`
+
 // The claim rows are scanned into nullable values, which cannot fail to scan: a scan error would end the whole
 // result (pgx closes the rows), and with it the dispatch of every step of the claim. A value that is missing where
 // one is required makes that row's DecodeErr instead, and the dispatcher fails that step alone.
@@ -108,11 +121,12 @@ func (d *decoding) err(stepID int64) error {
 		strings.Join(d.missing, ", "))
 }
 
-// ClaimReadyStepsNextDue is ClaimReadySteps preceded, in the same round trip, by next_claim_at (see
-// ClaimAndStartStepsNextDue). Pass a transaction to keep the claim in it.
-func ClaimReadyStepsNextDue(ctx context.Context, db BatchSender, limit int, worker string, lease time.Duration) (
-	[]ClaimedStep, NextDue, error) {
-	got, due, err := claimWithNextDue(ctx, db, limit, scanClaimed, claimReadySQL, limit, worker, ms(lease))
+// ClaimReadyStepsNextDue is ClaimReadySteps of the steps routes allows, preceded, in the same round trip, by
+// next_claim_at (see ClaimAndStartStepsNextDue). Pass a transaction to keep the claim in it.
+func ClaimReadyStepsNextDue(ctx context.Context, db BatchSender, limit int, worker string, lease time.Duration,
+	routes Routes) ([]ClaimedStep, NextDue, error) {
+	got, due, err := claimWithNextDue(ctx, db, limit, scanClaimed, claimReadyRoutedSQL, limit, worker, ms(lease),
+		routes.Queues, routes.Handlers)
 	if err != nil {
 		return nil, NextDue{}, fmt.Errorf("store: claim ready steps: %w", err)
 	}
@@ -264,12 +278,19 @@ func elementIndex(i *int) int {
 	return *i
 }
 
-// ClaimAndStartStepsNextDue is ClaimAndStartSteps preceded, in the same transaction and round trip, by
-// next_claim_at: both use the transaction's now(), and the due time is read before the claim, so a step whose
-// backoff ends after the claim's instant is in it and one that ended before is claimable by the claim.
-func ClaimAndStartStepsNextDue(ctx context.Context, db BatchSender, limit int, worker string, lease time.Duration) (
-	[]ClaimedStarted, NextDue, error) {
-	got, due, err := claimWithNextDue(ctx, db, limit, scanClaimedStarted, claimAndStartSQL, limit, worker, ms(lease))
+// claimAndStartRoutedSQL is claimAndStartSQL with the routing filters ($4, $5), p_as_of left to its default.
+const claimAndStartRoutedSQL = `SELECT step_id, task_id, name, handler, input, attempt, attempt_number, timeout_ms,
+	queue, iteration, context, rules, deps, element, element_index
+	FROM stepready.claim_and_start_steps($1, $2, $3, p_queues => $4, p_handlers => $5)`
+
+// ClaimAndStartStepsNextDue is ClaimAndStartSteps of the steps routes allows, preceded, in the same transaction
+// and round trip, by next_claim_at: both use the transaction's now(), and the due time is read before the claim,
+// so a step whose backoff ends after the claim's instant is in it and one that ended before is claimable by the
+// claim.
+func ClaimAndStartStepsNextDue(ctx context.Context, db BatchSender, limit int, worker string, lease time.Duration,
+	routes Routes) ([]ClaimedStarted, NextDue, error) {
+	got, due, err := claimWithNextDue(ctx, db, limit, scanClaimedStarted, claimAndStartRoutedSQL, limit, worker,
+		ms(lease), routes.Queues, routes.Handlers)
 	if err != nil {
 		return nil, NextDue{}, fmt.Errorf("store: claim and start steps: %w", err)
 	}

@@ -293,6 +293,37 @@ func caseRules(c *caseEnv) {
 	require.Nil(t, s.Output)
 }
 
+// caseOtherQueuesAndHandlers: a worker started for queue q1 (STEPREADY_QUEUES) with the three built-in handlers
+// never takes a step of another queue, nor one of a handler it lacks (SPEC §21): they stay ready, untouched (no
+// claim, no attempt, no failure for want of a handler), while steps of its own queue and handlers run.
+func caseOtherQueuesAndHandlers(c *caseEnv) {
+	t := c.t
+	one := func(name, queue, handler string) int64 {
+		step := map[string]any{"name": "a", "handler": handler}
+		if queue != "" {
+			step["queue"] = queue
+		}
+		return c.createTask(map[string]any{"name": name, "steps": []any{step}})
+	}
+	otherQueue := one("other-queue", "q2", "noop")
+	defaultQueue := one("default-queue", "", "noop")
+	otherHandler := one("other-handler", "q1", "transcode")
+	mine := one("mine", "q1", "noop")
+	c.start(map[string]string{"STEPREADY_QUEUES": "q1"})
+	c.waitStep(mine, "a", wait, "complete")
+	// A second step of its own, created after the others: the worker has claimed again since they were ready.
+	again := one("mine-again", "q1", "noop")
+	c.waitStep(again, "a", wait, "complete")
+	for _, task := range []int64{otherQueue, defaultQueue, otherHandler} {
+		s := c.step(task, "a")
+		require.Equal(t, "pending", s.State, "task %d: a step the worker cannot take stays ready", task)
+		require.Zero(t, s.Attempts)
+		require.Nil(t, s.LeaseOwner)
+		require.Empty(t, c.eventsNamed(s.ID, "step.enqueued"), "task %d: claimed", task)
+		require.Empty(t, c.eventsNamed(s.ID, "attempt.started"), "task %d: started", task)
+	}
+}
+
 // caseDepsArriveResolved: a step whose input references its parent's output and the task's context receives the
 // input resolved (noop records it as its output), and a step whose reference names nothing at start is failed
 // deterministic by the database without reaching the worker (one attempt, no output, the other steps run).

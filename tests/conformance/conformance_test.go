@@ -45,6 +45,7 @@ var cases = []conformanceCase{
 	{"sigterm_releases_uncharged", caseSIGTERMReleasesUncharged},
 	{"cancelled_attempt_ends_its_lease", caseCancelledAttemptEndsItsLease},
 	{"rules", caseRules},
+	{"other_queues_and_handlers_are_never_taken", caseOtherQueuesAndHandlers},
 	{"deps_arrive_resolved", caseDepsArriveResolved},
 }
 

@@ -62,7 +62,8 @@ func TestFlakyStepRetriesOnItsPolicySchedule(t *testing.T) {
 	}
 }
 
-// A handler panic and an unknown handler are recorded failures; the daemon keeps working other steps.
+// A handler panic is a recorded failure; a step of a handler the daemon lacks is not claimed (work routing): it
+// stays ready and explain names the handler it waits for; the daemon keeps working other steps.
 func TestPoisonStepsAreContained(t *testing.T) {
 	t.Parallel()
 	for _, mode := range dispatchModes {
@@ -84,7 +85,7 @@ func TestPoisonStepsAreContained(t *testing.T) {
 			okTask := b.createTask(t, `{"name": "ok", "steps": [{"name": "ok", "handler": "noop"}]}`)
 
 			b.waitTask(t, okTask, 20*time.Second, "complete")
-			for _, id := range []int64{panicTask, unknownTask, failTask} {
+			for _, id := range []int64{panicTask, failTask} {
 				b.waitTask(t, id, 20*time.Second, "error")
 			}
 			var class, msg, stack string
@@ -97,10 +98,17 @@ func TestPoisonStepsAreContained(t *testing.T) {
 			require.Contains(t, stack, "goroutine")
 			require.Equal(t, 1, attempts)
 
-			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT last_error ->> 'class',
-				last_error ->> 'message' FROM stepready.steps WHERE task_id = $1`, unknownTask).Scan(&class, &msg))
-			require.Equal(t, "deterministic", class)
-			require.Contains(t, msg, `no handler named "no_such_handler"`)
+			// The unknown handler's step was never claimed (the daemon has claimed since: the other tasks ended).
+			var state string
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT state, attempts
+				FROM stepready.steps WHERE task_id = $1`, unknownTask).Scan(&state, &attempts))
+			require.Equal(t, "pending", state)
+			require.Zero(t, attempts)
+			var reason string
+			require.NoError(t, b.db.Pool.QueryRow(context.Background(), `SELECT reason, message
+				FROM stepready.explain_task($1)`, unknownTask).Scan(&reason, &msg))
+			require.Equal(t, "waiting_for_worker", reason)
+			require.Contains(t, msg, "has handler no_such_handler")
 
 			// The always-failing step ends after exactly max_attempts; its sibling still completed.
 			var sibling string

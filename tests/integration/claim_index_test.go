@@ -103,7 +103,7 @@ func claimCandidatesQuery(t *testing.T, conn *pgx.Conn, asOf time.Time, limit in
 	t.Helper()
 	var src string
 	require.NoError(t, conn.QueryRow(t.Context(), `SELECT prosrc FROM pg_catalog.pg_proc
-		WHERE oid = 'stepready._claim_pick_rows(int, timestamptz)'::regprocedure`).Scan(&src))
+		WHERE oid = 'stepready._claim_pick_rows(int, timestamptz, text[], text[])'::regprocedure`).Scan(&src))
 	lines := strings.Split(src, "\n")
 	for i, line := range lines {
 		if k := strings.Index(line, "--"); k >= 0 {

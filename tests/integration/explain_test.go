@@ -169,7 +169,7 @@ func TestExplainStepAgreesWithStepReadiness(t *testing.T) {
 
 			got := exExplain(b, `stepready.explain_step($1, $2)`, ids["s"], at)
 			if tt.want == nil {
-				require.Empty(t, got)
+				require.Equal(t, []string{"waiting_for_worker"}, exReasons(got), "a ready step waits for a worker")
 			} else {
 				require.Equal(t, tt.want, exReasons(got))
 			}
@@ -179,7 +179,8 @@ func TestExplainStepAgreesWithStepReadiness(t *testing.T) {
 
 			r := b.stepReadiness(task, ids["s"], at)
 			if r.Ready {
-				require.Empty(t, got, "a ready step has no reason")
+				require.Equal(t, []string{"waiting_for_worker"}, exReasons(got),
+					"a ready step has no reason but its wait for a worker")
 			} else {
 				require.NotEmpty(t, got)
 				require.Equal(t, *r.BlockedReason, got[0].Reason, "first reason = blocked_reason")
@@ -201,7 +202,7 @@ func TestExplainStepAgreesWithStepReadiness(t *testing.T) {
 				}
 				rr := b.stepReadiness(task, id, at)
 				if rr.Ready {
-					require.Empty(t, mine, name)
+					require.Equal(t, []string{"waiting_for_worker"}, exReasons(mine), name)
 				} else {
 					require.Equal(t, *rr.BlockedReason, mine[0].Reason, name)
 				}

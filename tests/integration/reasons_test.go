@@ -94,8 +94,11 @@ func TestReadinessReasonsPrecedence(t *testing.T) {
 		r := b.stepReadiness(task, ids["s"], at)
 		got := exExplain(b, `stepready.explain_step($1, $2)`, ids["s"], at)
 		if st.want == "" {
+			// No reason left: ready, and explain's one row is its wait for a worker of its queue and handler.
 			require.True(t, r.Ready, "no reason left: ready")
-			require.Empty(t, got)
+			require.Equal(t, []string{"waiting_for_worker"}, exReasons(got))
+			require.Equal(t, rank["waiting_for_worker"], got[0].Rank, "explain's rank of waiting_for_worker is the list's")
+			walked = append(walked, "waiting_for_worker")
 			continue
 		}
 		walked = append(walked, st.want)

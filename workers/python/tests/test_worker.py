@@ -145,13 +145,17 @@ def test_a_step_with_rules_is_failed_deterministic_without_running_its_handler(d
     assert "outcome rules" in err["message"] and "'a'" in err["message"]
 
 
-def test_an_unknown_handler_is_a_deterministic_failure_naming_it(db):
-    task = create_task(db, {"name": "a", "handler": "transcode"})
+def test_a_step_of_a_handler_it_lacks_is_never_taken(db):
+    # Routing: the claim passes the names of the worker's handlers, so a step of another handler stays ready for a
+    # worker that has it, instead of failing here for want of a handler.
+    other = create_task(db, {"name": "a", "handler": "transcode"})
+    mine = create_task(db, {"name": "a", "handler": "noop"})
     with running_worker():
-        row = wait_for("step error", state_is(db, task, "a", "error"))
-    assert row["last_error"]["class"] == "deterministic"
-    assert "no handler named 'transcode'" in row["last_error"]["message"]
-    assert "fail, noop, sleep" in row["last_error"]["message"]
+        wait_for("step complete", state_is(db, mine, "a", "complete"))
+        again = create_task(db, {"name": "a", "handler": "noop"})
+        wait_for("step complete", state_is(db, again, "a", "complete"))
+    row = db.execute("SELECT state, attempts FROM stepready.steps WHERE task_id = %s", (other,)).fetchone()
+    assert row == {"state": "pending", "attempts": 0}
 
 
 @pytest.mark.parametrize("output, message", [
@@ -384,35 +388,19 @@ def test_the_readme_example_module_runs(db):
     assert api["output"] == {"attempt": 2}
 
 
-def test_routing_hook_passes_queues_and_handlers_once_the_claim_takes_them(db):
-    # Stands in for the routing SQL to come (SPEC §21): a claim_and_start_steps that takes p_queues and
-    # p_handlers, records them and claims as today. The worker detects it when it connects and calls it with named
-    # arguments: its queues and the names of its handlers.
-    db.execute("CREATE TABLE public.claim_calls (queues text[], handlers text[])")
-    try:
-        db.execute("GRANT INSERT ON public.claim_calls TO stepready_worker")
-        db.execute("""
-            CREATE FUNCTION stepready.claim_and_start_steps(p_limit int, p_worker text, p_lease_ms bigint,
-                p_queues text[], p_handlers text[], p_as_of timestamptz DEFAULT now())
-            RETURNS TABLE (step_id bigint, task_id bigint, name text, handler text, input jsonb, attempt int,
-                           timeout_ms bigint, queue text, iteration int, context jsonb, rules jsonb,
-                           attempt_number int, deps jsonb, element jsonb, element_index int)
-            LANGUAGE plpgsql AS $$
-            BEGIN
-                INSERT INTO public.claim_calls VALUES (p_queues, p_handlers);
-                RETURN QUERY SELECT * FROM stepready.claim_and_start_steps(p_limit, p_worker, p_lease_ms, p_as_of);
-            END $$""")
-        db.execute("GRANT EXECUTE ON FUNCTION stepready.claim_and_start_steps(int, text, bigint, text[], text[], "
-                   "timestamptz) TO stepready_worker")
-        task = create_task(db, {"name": "a", "handler": "noop"})
-        with running_worker(queues=["default", "emails"]):
-            wait_for("step complete", state_is(db, task, "a", "complete"))
-        calls = db.execute("SELECT DISTINCT queues, handlers FROM public.claim_calls").fetchall()
-        assert calls == [{"queues": ["default", "emails"], "handlers": ["fail", "noop", "sleep"]}]
-    finally:
-        db.execute("DROP FUNCTION IF EXISTS stepready.claim_and_start_steps(int, text, bigint, text[], text[], "
-                   "timestamptz)")
-        db.execute("DROP TABLE public.claim_calls")
+def test_routing_takes_the_worker_s_queues_only(db):
+    # The worker passes its queues (and its handlers' names) to claim_and_start_steps: a step of another queue
+    # stays ready; steps of its queues run.
+    other = create_task(db, {"name": "a", "handler": "noop", "queue": "media"})
+    emails = create_task(db, {"name": "a", "handler": "noop", "queue": "emails"})
+    default = create_task(db, {"name": "a", "handler": "noop"})
+    with running_worker(queues=["default", "emails"]):
+        wait_for("step complete", state_is(db, emails, "a", "complete"))
+        wait_for("step complete", state_is(db, default, "a", "complete"))
+        again = create_task(db, {"name": "a", "handler": "noop", "queue": "emails"})
+        wait_for("step complete", state_is(db, again, "a", "complete"))
+    row = db.execute("SELECT state, attempts FROM stepready.steps WHERE task_id = %s", (other,)).fetchone()
+    assert row == {"state": "pending", "attempts": 0}
 
 
 def test_deps_and_the_resolved_input_arrive_with_the_claim(db):
