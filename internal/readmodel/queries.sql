@@ -157,6 +157,15 @@ SELECT s.task_id, s.input, s.output, s.iteration, s.max_iterations, s.timeout_ms
                       WHERE s.input_refs) r ON true
  WHERE s.task_id = $1 AND s.id = $2;
 
+-- name: elements
+-- ReadStepPage: a page of the elements of map step $1 (SPEC §19) in element order, those after index $2, at most
+-- $3 (keyset on steps_map_elements_idx).
+SELECT e.id, e.name, e.element_index, e.state, e.attempts, e.max_attempts, e.last_error, e.output
+  FROM stepready.steps e
+ WHERE e.map_step_id = $1 AND e.element_index > $2
+ ORDER BY e.element_index
+ LIMIT $3;
+
 -- name: step_by_name
 -- StepID: the id of step $2 of task $1.
 SELECT s.id FROM stepready.steps s WHERE s.task_id = $1 AND s.name = $2;
