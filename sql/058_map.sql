@@ -320,3 +320,19 @@ BEGIN
     RETURN n;
 END;
 $fn$;
+
+-- The progress of the maps running now, for the metrics (the backlog exporter's stepready_map_* gauges): the map
+-- steps in progress that have fanned out, their elements, and of those the ones done (complete or resolved by
+-- hand) and failed (error), from the map steps' counters (read through steps_maps_idx), and the elements in flight
+-- (enqueued or in progress: read through steps_lease_idx, no more rows than the daemons run). Never reads a map's
+-- elements one by one.
+CREATE OR REPLACE FUNCTION stepready.map_stats()
+RETURNS TABLE (maps bigint, elements bigint, done bigint, failed bigint, in_flight bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT count(*), COALESCE(sum(m.map_total), 0), COALESCE(sum(m.map_done), 0), COALESCE(sum(m.map_failed), 0),
+           (SELECT count(*) FROM stepready.steps e
+             WHERE e.state IN ('enqueued', 'in_progress') AND e.map_step_id IS NOT NULL)
+      FROM stepready.steps m
+     WHERE m.map IS NOT NULL AND m.map_total IS NOT NULL AND m.state = 'in_progress';
+$$;
