@@ -173,7 +173,12 @@ BEGIN
              WHERE m.id = r.id
              ORDER BY e.o;
             GET DIAGNOSTICS v_n = ROW_COUNT;
-            UPDATE stepready.steps s SET map_total = v_n, map_done = 0, map_failed = 0, updated_at = now()
+            -- The map step hands its concurrency key to its elements (copied above): in_progress for the whole
+            -- map, it would otherwise hold one slot of the key itself (_holds_slot), and a limit of 1 would let
+            -- no element run. It needs the key no more: it never fans out again (reset_task and retry_step_now
+            -- act on its elements).
+            UPDATE stepready.steps s SET map_total = v_n, map_done = 0, map_failed = 0, updated_at = now(),
+                                         concurrency_key = NULL, concurrency_limit = NULL
              WHERE s.id = r.id;
             v_tasks := v_tasks || r.task_id;
         END IF;
