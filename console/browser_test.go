@@ -244,3 +244,36 @@ func TestBrowserNoTokenNoAction(t *testing.T) {
 		require.Equal(t, "error", stateOf(), "actions %v: the forged POST changed the step", withActions)
 	}
 }
+
+// A map step in the browser: one node whose progress bar is drawn green in proportion to its elements done, and
+// its page's element list paged with its next link.
+func TestBrowserMapStep(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	f := newFixture(t)
+	task, m := f.mapTask(60)
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/tasks/%d", f.srv.URL, task)),
+		chromedp.WaitVisible("svg.dag g.map-progress")))
+	require.Equal(t, map[string]string{"m": "in_progress", "join": "pending"}, nodeStates(t, ctx))
+	bar, err := chromedp.Run(ctx, chromedp.Evaluate[map[string]any](`(() => {
+		const done = document.querySelector("svg.dag g.map-progress rect.map-done");
+		const track = document.querySelector("svg.dag g.map-progress rect.map-track");
+		return {done: done.getBBox().width, track: track.getBBox().width, fill: getComputedStyle(done).fill};
+	})()`))
+	require.NoError(t, err)
+	require.Equal(t, map[string]any{"done": float64(5), "track": float64(154), "fill": "rgb(46, 139, 46)"}, bar)
+	screenshot(t, ctx, "console-map-task.png")
+
+	require.NoError(t, chromedp.Do(ctx, chromedp.Navigate(fmt.Sprintf("%s/tasks/%d/steps/%d", f.srv.URL, task, m)),
+		chromedp.WaitVisible("#elements")))
+	rows, err := chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#elements tbody tr").length`))
+	require.NoError(t, err)
+	require.Equal(t, pageSize, rows)
+	require.NoError(t, chromedp.Do(ctx, chromedp.Click(`a[rel="next"]`),
+		chromedp.WaitVisible(`#elements tr[data-element="50"]`)))
+	rows, err = chromedp.Run(ctx, chromedp.Evaluate[int](`document.querySelectorAll("#elements tbody tr").length`))
+	require.NoError(t, err)
+	require.Equal(t, 10, rows)
+	screenshot(t, ctx, "console-map-elements.png")
+}

@@ -3,6 +3,8 @@ package console
 import (
 	"slices"
 	"sort"
+
+	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // Layout constants of the DAG drawing, in SVG user units.
@@ -21,8 +23,25 @@ type dagNode struct {
 	State    string
 	Attempts int32
 	Max      int32
-	X, Y     int
-	Layer    int
+	// Map is a map step's progress (nil for any other step): the node draws it as a bar, DoneW and FailedW
+	// wide (of mapBarW), the rest of the bar the elements still to finish.
+	Map            *readmodel.MapProgress
+	DoneW, FailedW int
+	X, Y           int
+	Layer          int
+}
+
+// mapBarW is the width of a map node's progress bar.
+const mapBarW = nodeW - 16
+
+// mapNode is the node of step s, with its progress bar when it is a map step.
+func mapNode(s readmodel.Step) dagNode {
+	n := dagNode{ID: s.ID, Name: s.Name, State: s.State, Attempts: s.Attempts, Max: deref(s.MaxAttempts), Map: s.Map}
+	if s.Map != nil && s.Map.Total > 0 {
+		n.DoneW = int(int64(mapBarW) * int64(s.Map.Done) / int64(s.Map.Total))
+		n.FailedW = int(int64(mapBarW) * int64(s.Map.Failed) / int64(s.Map.Total))
+	}
+	return n
 }
 
 // dagEdge is a drawn dependency, from the bottom of the parent to the top of the child.

@@ -56,9 +56,12 @@ func (c *Console) taskPage(w http.ResponseWriter, r *http.Request) {
 	if detail.MoreEvents {
 		d.Next = fmt.Sprintf("/tasks/%d?before=%d", id, detail.Events[len(detail.Events)-1].ID)
 	}
-	nodes := make([]dagNode, len(detail.StepList))
-	for i, s := range detail.StepList {
-		nodes[i] = dagNode{ID: s.ID, Name: s.Name, State: s.State, Attempts: s.Attempts, Max: deref(s.MaxAttempts)}
+	nodes := make([]dagNode, 0, len(detail.StepList))
+	for _, s := range detail.StepList {
+		if s.IsElement() {
+			continue // its map step stands for it: one node with a progress bar, the elements on its step page
+		}
+		nodes = append(nodes, mapNode(s))
 		v := stepView{Step: s, Error: s.LastErrorText()}
 		if !s.Ready && !slices.Contains(terminalStates, s.State) {
 			v.WhyNot = s.Why

@@ -173,7 +173,12 @@ BEGIN
              WHERE m.id = r.id
              ORDER BY e.o;
             GET DIAGNOSTICS v_n = ROW_COUNT;
-            UPDATE stepready.steps s SET map_total = v_n, map_done = 0, map_failed = 0, updated_at = now()
+            -- The map step hands its concurrency key to its elements (copied above): in_progress for the whole
+            -- map, it would otherwise hold one slot of the key itself (_holds_slot), and a limit of 1 would let
+            -- no element run. It needs the key no more: it never fans out again (reset_task and retry_step_now
+            -- act on its elements).
+            UPDATE stepready.steps s SET map_total = v_n, map_done = 0, map_failed = 0, updated_at = now(),
+                                         concurrency_key = NULL, concurrency_limit = NULL
              WHERE s.id = r.id;
             v_tasks := v_tasks || r.task_id;
         END IF;
@@ -320,3 +325,19 @@ BEGIN
     RETURN n;
 END;
 $fn$;
+
+-- The progress of the maps running now, for the metrics (the backlog exporter's stepready_map_* gauges): the map
+-- steps in progress that have fanned out, their elements, and of those the ones done (complete or resolved by
+-- hand) and failed (error), from the map steps' counters (read through steps_maps_idx), and the elements in flight
+-- (enqueued or in progress: read through steps_lease_idx, no more rows than the daemons run). Never reads a map's
+-- elements one by one.
+CREATE OR REPLACE FUNCTION stepready.map_stats()
+RETURNS TABLE (maps bigint, elements bigint, done bigint, failed bigint, in_flight bigint)
+LANGUAGE sql STABLE
+AS $$
+    SELECT count(*), COALESCE(sum(m.map_total), 0), COALESCE(sum(m.map_done), 0), COALESCE(sum(m.map_failed), 0),
+           (SELECT count(*) FROM stepready.steps e
+             WHERE e.state IN ('enqueued', 'in_progress') AND e.map_step_id IS NOT NULL)
+      FROM stepready.steps m
+     WHERE m.map IS NOT NULL AND m.map_total IS NOT NULL AND m.state = 'in_progress';
+$$;

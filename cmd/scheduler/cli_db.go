@@ -257,6 +257,17 @@ type stepRef struct {
 	name   string
 }
 
+// withStep runs f on a connection with the id of the step ref names (looked up when ref is TASK_ID/STEP_NAME).
+func (o *dbOptions) withStep(ctx context.Context, ref stepRef, f func(conn *pgx.Conn, id int64, format string) error) error {
+	return o.withConn(ctx, func(conn *pgx.Conn, format string) error {
+		id, err := ref.resolve(ctx, conn)
+		if err != nil {
+			return err
+		}
+		return f(conn, id, format)
+	})
+}
+
 // parseStepRef parses STEP_ID or TASK_ID/STEP_NAME.
 func parseStepRef(arg string) (stepRef, error) {
 	if task, name, ok := strings.Cut(arg, "/"); ok {

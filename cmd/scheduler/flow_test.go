@@ -28,7 +28,8 @@ func TestFlowCommands(t *testing.T) {
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
 	require.Len(t, lines, 3, stdout)
 	require.Regexp(t, `^KEY\s+CONCURRENCY\s+IN FLIGHT\s+RATE\s+TOKENS\s+NEXT TOKEN\s+WAITING\s+BLOCKED\s+OVERRIDE$`, lines[0])
-	require.Regexp(t, `^api\s+-\s+0\s+1/1m0s\s+0\.00\s+in (59\.\d|60\.0)s\s+1\s+rate_limited\s+no$`, lines[1])
+	// The token refills at 1 per minute from the claim on: a slow machine may show 0.01 and a next token in 5x s.
+	require.Regexp(t, `^api\s+-\s+0\s+1/1m0s\s+0\.0\d\s+in (5\d\.\d|60\.0)s\s+1\s+rate_limited\s+no$`, lines[1])
 	require.Regexp(t, `^tenant:7\s+2\s+2\s+-\s+-\s+-\s+1\s+concurrency_limited\s+no$`, lines[2])
 
 	stdout, stderr, err = b.run("flow", "set", "tenant:7", "--concurrency", "3")

@@ -36,11 +36,7 @@ func newStepCommand(_ *globalOptions) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-			id, err := ref.resolve(cmd.Context(), conn)
-			if err != nil {
-				return err
-			}
+		return o.withStep(cmd.Context(), ref, func(conn *pgx.Conn, id int64, format string) error {
 			ch, err := stepready.RetryStepNow(cmd.Context(), conn, id, cliActor)
 			if err != nil {
 				return err
@@ -76,11 +72,7 @@ func newStepCommand(_ *globalOptions) *cobra.Command {
 				return usagef("--format %q: want %s or %s", format, outputTable, outputJSON)
 			}
 			o.output = format
-			return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-				id, err := ref.resolve(cmd.Context(), conn)
-				if err != nil {
-					return err
-				}
+			return o.withStep(cmd.Context(), ref, func(conn *pgx.Conn, id int64, format string) error {
 				ch, err := stepready.ResolveStep(cmd.Context(), conn, id, doc, cliActor)
 				if err != nil {
 					return err

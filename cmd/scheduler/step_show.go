@@ -37,11 +37,7 @@ func newStepShowCommand(o *dbOptions) *cobra.Command {
 		if err != nil {
 			return err
 		}
-		return o.withConn(cmd.Context(), func(conn *pgx.Conn, format string) error {
-			id, err := ref.resolve(cmd.Context(), conn)
-			if err != nil {
-				return err
-			}
+		return o.withStep(cmd.Context(), ref, func(conn *pgx.Conn, id int64, format string) error {
 			taskID, err := readmodel.StepTask(cmd.Context(), conn, id)
 			if err != nil {
 				return err

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 )
@@ -154,4 +158,35 @@ func TestTaskCreateManySaysTheirStart(t *testing.T) {
 	require.NoError(t, err, stderr)
 	require.Regexp(t, `^\{"ordinal":1,"task_id":10,"created":true,"run_at":"20\d\d-[^"]+Z"\}`+"\n", stdout)
 	require.Equal(t, int64(2), b.int64(`SELECT count(*) FROM stepready.tasks WHERE id IN (10, 11) AND run_at > now() + interval '59 minutes'`))
+}
+
+// TestProgressLine: `task create -f` shows its progress only on a character device (a terminal), at most four
+// times a second, on one line that it ends once done; elsewhere (a pipe, a file, the tests' buffers) nothing.
+func TestProgressLine(t *testing.T) {
+	t.Parallel()
+	require.Nil(t, newProgressLine(&bytes.Buffer{}), "not a file")
+	f, err := os.Create(filepath.Join(t.TempDir(), "stderr"))
+	require.NoError(t, err)
+	defer f.Close()
+	require.Nil(t, newProgressLine(f), "a regular file")
+	var none *progressLine
+	none.update(1, 1) // a nil line shows nothing
+	none.done()
+
+	tty, err := os.OpenFile(os.DevNull, os.O_WRONLY, 0)
+	require.NoError(t, err)
+	defer tty.Close()
+	require.NotNil(t, newProgressLine(tty), "a character device")
+
+	var out bytes.Buffer
+	p := &progressLine{w: &out, begin: time.Now().Add(-time.Second)}
+	p.update(1000, 1000)
+	p.update(2000, 2000) // within 250 ms of the last: not shown
+	require.Regexp(t, `^\r1000 definitions read, 1000 sent \(\d+/s\), not committed yet $`, out.String())
+	p.done()
+	require.True(t, strings.HasSuffix(out.String(), " \n"), "the line is ended once done: %q", out.String())
+
+	out.Reset()
+	(&progressLine{w: &out, begin: time.Now()}).done()
+	require.Empty(t, out.String(), "no line shown, none ended")
 }

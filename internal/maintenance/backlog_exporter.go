@@ -29,7 +29,8 @@ type BacklogExporterConfig struct {
 
 // BacklogExporter sets the backlog gauges (stepready_steps_ready, _in_flight, _waiting_for_retry,
 // _due_within_minute, stepready_oldest_ready_seconds per queue: queue_stats) and the flow-control gauges
-// (stepready_flow_blocked_steps and _keys per reason: flow_status) on the elected instance of each round. Every
+// (stepready_flow_blocked_steps and _keys per reason: flow_status) and the map gauges (stepready_map_steps_running,
+// stepready_map_elements by state: map_stats) on the elected instance of each round. Every
 // other instance exports none of them, so that a sum over instances is the backlog. The elected instance exports
 // every queue it has seen (and "default"), at 0 when nothing waits there, so an alert on a gauge never sees it
 // vanish.
@@ -68,13 +69,17 @@ func (b *BacklogExporter) RunOnce(ctx context.Context) (bool, error) {
 	var (
 		stats []store.QueueStat
 		flow  []store.FlowKey
+		maps  store.MapStats
 	)
 	won, err := elect(ctx, b.env.Pool, lockBacklogExporter, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
 		if stats, err = store.QueueStats(ctx, tx); err != nil {
 			return err
 		}
-		flow, err = store.FlowStatus(ctx, tx)
+		if flow, err = store.FlowStatus(ctx, tx); err != nil {
+			return err
+		}
+		maps, err = store.ReadMapStats(ctx, tx)
 		return err
 	})
 	m := b.env.Metrics
@@ -110,5 +115,6 @@ func (b *BacklogExporter) RunOnce(ctx context.Context) (bool, error) {
 	for _, reason := range flowReasons {
 		m.FlowBlocked(reason, keys[reason], steps[reason])
 	}
+	m.MapProgress(maps.Maps, maps.Elements, maps.Done, maps.Failed, maps.InFlight)
 	return true, nil
 }

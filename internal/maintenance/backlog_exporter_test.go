@@ -72,3 +72,32 @@ func TestBacklogExporterExportsFlowControl(t *testing.T) {
 	require.Equal(t, 1.0, testutil.ToFloat64(mustGauge(t, b, "stepready_flow_blocked_keys", "reason", "concurrency_limited")))
 	require.Equal(t, 0.0, testutil.ToFloat64(mustGauge(t, b, "stepready_flow_blocked_steps", "reason", "rate_limited")))
 }
+
+// The map gauges: the map steps running and their elements by state (map_stats), 0 again once the map ends.
+func TestBacklogExporterExportsMapProgress(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(`SELECT stepready.create_task('{"name": "t", "steps": [
+		{"name": "m", "handler": "h", "map": {"over": [1, 2, 3, 4, 5]}}]}')`)
+	b.exec(`SELECT count(*) FROM stepready.claim_and_start_steps(10, 'w', 60000)`) // fans out
+	b.exec(`SELECT count(*) FROM stepready.claim_and_start_steps(3, 'w', 60000)`)
+	b.exec(`SELECT stepready.complete_step(id, 1, '1') FROM stepready.steps WHERE element_index = 0`)
+	e, err := maintenance.NewBacklogExporter(b.env, maintenance.BacklogExporterConfig{})
+	require.NoError(t, err)
+	_, err = e.RunOnce(b.ctx)
+	require.NoError(t, err)
+	elements := func(state string) float64 {
+		return testutil.ToFloat64(mustGauge(t, b, "stepready_map_elements", "state", state))
+	}
+	require.Equal(t, 1.0, testutil.ToFloat64(mustGauge(t, b, "stepready_map_steps_running", "", "")))
+	require.Equal(t, []float64{1, 0, 2, 2}, []float64{elements("done"), elements("failed"), elements("in_flight"),
+		elements("other")})
+
+	b.exec(`SELECT stepready.complete_step(id, 1, '1') FROM stepready.steps WHERE element_index IN (1, 2)`)
+	b.exec(`SELECT count(*) FROM stepready.claim_and_start_steps(3, 'w', 60000)`)
+	b.exec(`SELECT stepready.complete_step(id, 1, '1') FROM stepready.steps WHERE element_index IN (3, 4)`)
+	_, err = e.RunOnce(b.ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0.0, testutil.ToFloat64(mustGauge(t, b, "stepready_map_steps_running", "", "")))
+	require.Equal(t, 0.0, elements("done"))
+}

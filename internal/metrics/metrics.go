@@ -22,10 +22,13 @@ type Metrics struct {
 	queueReady, queueInFlight, queueWaiting, queueDueSoon, queueLag *prometheus.GaugeVec
 	// Flow control (SPEC §14) by reason, never by key: set by the elected instance only.
 	flowSteps, flowKeys *prometheus.GaugeVec
-	claimLatency        prometheus.Histogram
-	readyToStart        prometheus.Histogram
-	attemptDuration     prometheus.Histogram
-	inFlight            prometheus.Gauge
+	// Maps running now (SPEC §19): their number and their elements by state; set by the elected instance only.
+	mapSteps        prometheus.Gauge
+	mapElements     *prometheus.GaugeVec
+	claimLatency    prometheus.Histogram
+	readyToStart    prometheus.Histogram
+	attemptDuration prometheus.Histogram
+	inFlight        prometheus.Gauge
 	// Schedules (SPEC §15), counted by the instance that fired them.
 	scheduleFires, scheduleErrors *prometheus.CounterVec
 }
@@ -63,6 +66,11 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "Steps otherwise ready that flow control holds back, by reason (concurrency_limited, rate_limited; set by the elected instance)."}, []string{"reason"}),
 		flowKeys: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_flow_blocked_keys",
 			Help: "Flow control keys at their limit with steps waiting, by reason (set by the elected instance)."}, []string{"reason"}),
+		mapSteps: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stepready_map_steps_running",
+			Help: "Map steps in progress that have fanned out (elected instance only)."}),
+		mapElements: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_map_elements",
+			Help: "Elements of the map steps in progress, by state: done, failed, in_flight, other (elected instance only)."},
+			[]string{"state"}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_seconds",
 			Help: "Duration of one claim (and dispatch) round trip.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
 		readyToStart: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_to_start_seconds",
@@ -80,7 +88,7 @@ func New(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.claimed, m.started, m.completed, m.failed, m.retries, m.released, m.reaped, m.pruned,
 			m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag, m.flowSteps, m.flowKeys,
-			m.claimLatency, m.readyToStart, m.attemptDuration, m.inFlight, m.scheduleFires, m.scheduleErrors)
+			m.mapSteps, m.mapElements, m.claimLatency, m.readyToStart, m.attemptDuration, m.inFlight, m.scheduleFires, m.scheduleErrors)
 	}
 	return m
 }
@@ -159,9 +167,24 @@ func (m *Metrics) ResetQueueBacklog() {
 		return
 	}
 	for _, g := range []*prometheus.GaugeVec{m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag,
-		m.flowSteps, m.flowKeys} {
+		m.flowSteps, m.flowKeys, m.mapElements} {
 		g.Reset()
 	}
+	m.mapSteps.Set(0)
+}
+
+// MapProgress sets the map gauges: maps map steps in progress with elements elements, of which done complete or
+// resolved, failed in error, inFlight enqueued or in progress (the rest, "other", wait). Cleared by
+// ResetQueueBacklog.
+func (m *Metrics) MapProgress(maps, elements, done, failed, inFlight int64) {
+	if m == nil {
+		return
+	}
+	m.mapSteps.Set(float64(maps))
+	m.mapElements.WithLabelValues("done").Set(float64(done))
+	m.mapElements.WithLabelValues("failed").Set(float64(failed))
+	m.mapElements.WithLabelValues("in_flight").Set(float64(inFlight))
+	m.mapElements.WithLabelValues("other").Set(float64(max(elements-done-failed-inFlight, 0)))
 }
 
 // FlowBlocked sets the flow control gauges of one reason: keys at their limit with steps waiting, and those

@@ -49,7 +49,8 @@ SELECT t.id, t.name, t.namespace, t.status, t.paused, t.steps_total, t.steps_uns
 -- name: steps
 -- ReadTask, ReadStep: the steps of task $1 ($3: these steps only, NULL = all) with step_readiness at $2, the
 -- first explain message of a step that is not ready (the rank order of blocked_reason), its parents' names and
--- its output.
+-- its output; of a map step (SPEC §19) its element counts (in flight: enqueued or in_progress), of an element its
+-- map step and index.
 SELECT s.id, s.name, s.handler, s.queue, s.state, s.attempts, s.max_attempts, s.next_attempt_at, r.ready,
        r.blocked_reason,
        CASE WHEN NOT r.ready THEN
@@ -58,7 +59,13 @@ SELECT s.id, s.name, s.handler, s.queue, s.state, s.attempts, s.max_attempts, s.
        s.last_error,
        ARRAY(SELECT p.name FROM stepready.step_edges e JOIN stepready.steps p ON p.id = e.parent_step_id
               WHERE e.child_step_id = s.id ORDER BY p.id),
-       s.output
+       s.output,
+       s.map IS NOT NULL, s.map_total, s.map_done, s.map_failed,
+       CASE WHEN s.map_total IS NOT NULL THEN
+           (SELECT count(*)::int FROM stepready.steps e
+             WHERE e.map_step_id = s.id AND e.state IN ('enqueued', 'in_progress'))
+       END,
+       s.map_step_id, s.element_index
   FROM stepready.steps s
   JOIN stepready.step_readiness(ARRAY[$1]::bigint[], $3, $2) r ON r.step_id = s.id
  ORDER BY s.id;
@@ -149,6 +156,15 @@ SELECT s.task_id, s.input, s.output, s.iteration, s.max_iterations, s.timeout_ms
                                 (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id), s.task_id) x
                       WHERE s.input_refs) r ON true
  WHERE s.task_id = $1 AND s.id = $2;
+
+-- name: elements
+-- ReadStepPage: a page of the elements of map step $1 (SPEC §19) in element order, those after index $2, at most
+-- $3 (keyset on steps_map_elements_idx).
+SELECT e.id, e.name, e.element_index, e.state, e.attempts, e.max_attempts, e.last_error, e.output
+  FROM stepready.steps e
+ WHERE e.map_step_id = $1 AND e.element_index > $2
+ ORDER BY e.element_index
+ LIMIT $3;
 
 -- name: step_by_name
 -- StepID: the id of step $2 of task $1.

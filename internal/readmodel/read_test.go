@@ -383,6 +383,9 @@ func TestEveryQueryRuns(t *testing.T) {
 	require.NoError(t, err)
 	_, err = readmodel.Explain(ctx, r, taskID, 0, nil)
 	require.NoError(t, err)
+	mapTaskID, mapID := mapTask(t, db, 3)
+	_, err = readmodel.ReadStep(ctx, r, mapTaskID, mapID, nil) // its elements
+	require.NoError(t, err)
 	_, err = readmodel.StepID(ctx, r, taskID, "a")
 	require.NoError(t, err)
 	_, err = readmodel.StepTask(ctx, r, ids["a"])

@@ -36,7 +36,36 @@ type StepDetail struct {
 	Attempts []Attempt `json:"attempts"`
 	// Events are the step's newest events (at most StepEventsLimit), newest first.
 	Events []Event `json:"events"`
+	// Elements are a page of a map step's elements in element order (nil for any other step); MoreElements says
+	// that more follow (read them with StepOptions.ElementsAfter = the last one's Index).
+	Elements     []Element `json:"elements,omitempty"`
+	MoreElements bool      `json:"more_elements,omitempty"`
 }
+
+// Element is one element of a map step (SPEC §19), as a map step's element list shows it.
+type Element struct {
+	ID          int64           `json:"id"`
+	Name        string          `json:"name"`
+	Index       int32           `json:"element_index"`
+	State       string          `json:"state"`
+	Attempts    int32           `json:"attempts"`
+	MaxAttempts *int32          `json:"max_attempts"`
+	LastError   json.RawMessage `json:"last_error"`
+	Output      json.RawMessage `json:"output"`
+}
+
+// StepOptions says how ReadStepPage reads a step.
+type StepOptions struct {
+	// AsOf pins the instant readiness is computed for (nil: the database's now).
+	AsOf *time.Time
+	// ElementsAfter and ElementsLimit choose the page of a map step's elements: those with an index above
+	// ElementsAfter (-1: from the first), at most ElementsLimit (0: DefaultElementsLimit).
+	ElementsAfter int32
+	ElementsLimit int
+}
+
+// DefaultElementsLimit is how many elements of a map step a page holds unless StepOptions says otherwise.
+const DefaultElementsLimit = 50
 
 // StepEventsLimit is how many of a step's events ReadStep returns.
 const StepEventsLimit = 200
@@ -44,6 +73,16 @@ const StepEventsLimit = 200
 // ReadStep reads step stepID of task taskID in one snapshot at asOf (nil: the database's now). A step that does
 // not exist, or belongs to another task, is an error wrapping ErrNotFound.
 func ReadStep(ctx context.Context, db Beginner, taskID, stepID int64, asOf *time.Time) (*StepDetail, error) {
+	return ReadStepPage(ctx, db, taskID, stepID, StepOptions{AsOf: asOf, ElementsAfter: -1})
+}
+
+// ReadStepPage is ReadStep with the page of a map step's elements opts chooses, read in the same snapshot.
+func ReadStepPage(ctx context.Context, db Beginner, taskID, stepID int64, opts StepOptions) (*StepDetail, error) {
+	asOf := opts.AsOf
+	limit := opts.ElementsLimit
+	if limit <= 0 {
+		limit = DefaultElementsLimit
+	}
 	d := &StepDetail{}
 	err := Snapshot(ctx, db, func(tx pgx.Tx) error {
 		var err error
@@ -72,8 +111,19 @@ func ReadStep(ctx context.Context, db Beginner, taskID, stepID int64, asOf *time
 		if d.Attempts, err = collect(ctx, tx, "attempts", scanAttempt, taskID, stepID); err != nil {
 			return err
 		}
-		d.Events, _, err = eventsPage(ctx, tx, taskID, stepID, 0, StepEventsLimit)
-		return err
+		if d.Events, _, err = eventsPage(ctx, tx, taskID, stepID, 0, StepEventsLimit); err != nil || d.Map == nil {
+			return err
+		}
+		// One more than the page says whether another follows.
+		if d.Elements, err = collect(ctx, tx, "elements", func(row pgx.Row, e *Element) error {
+			return row.Scan(&e.ID, &e.Name, &e.Index, &e.State, &e.Attempts, &e.MaxAttempts, &e.LastError, &e.Output)
+		}, stepID, opts.ElementsAfter, limit+1); err != nil {
+			return err
+		}
+		if len(d.Elements) > limit {
+			d.Elements, d.MoreElements = d.Elements[:limit], true
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, err

@@ -46,7 +46,28 @@ type Step struct {
 	Parents []string `json:"parents"`
 	// Output is the step's output (SPEC §18; NULL until it completes or is resolved).
 	Output json.RawMessage `json:"output"`
+	// Map is a map step's progress over its elements (SPEC §19); nil for any other step.
+	Map *MapProgress `json:"map,omitempty"`
+	// MapStepID and ElementIndex say, of an element of a map step (named NAME[i]), its map step and its index;
+	// nil for any other step.
+	MapStepID    *int64 `json:"map_step_id,omitempty"`
+	ElementIndex *int32 `json:"element_index,omitempty"`
 }
+
+// MapProgress is a map step's progress: its elements by outcome. Before the map step fans out (when a claim picks
+// it) FannedOut is false and every count is 0.
+type MapProgress struct {
+	FannedOut bool `json:"fanned_out"`
+	// Total is the number of elements; Done those complete or resolved by hand, Failed those in error, InFlight
+	// those enqueued or in progress.
+	Total    int32 `json:"total"`
+	Done     int32 `json:"done"`
+	Failed   int32 `json:"failed"`
+	InFlight int32 `json:"in_flight"`
+}
+
+// IsElement says whether the step is an element of a map step.
+func (s Step) IsElement() bool { return s.MapStepID != nil }
 
 // LastErrorText is the step's last error as "class: message" (whitespace runs collapsed), or "" when it has none or
 // has since succeeded (complete, resolved by hand: the error belongs to an attempt that no longer matters). Every
@@ -73,8 +94,15 @@ func ErrorText(doc json.RawMessage) string {
 
 func scanStep(row pgx.Row, s *Step) error {
 	var why *string
+	var isMap bool
+	var total, done, failed, inFlight *int32
 	err := row.Scan(&s.ID, &s.Name, &s.Handler, &s.Queue, &s.State, &s.Attempts, &s.MaxAttempts, &s.NextAttemptAt,
-		&s.Ready, &s.BlockedReason, &why, &s.LastError, &s.Parents, &s.Output)
+		&s.Ready, &s.BlockedReason, &why, &s.LastError, &s.Parents, &s.Output, &isMap, &total, &done, &failed,
+		&inFlight, &s.MapStepID, &s.ElementIndex)
+	if isMap {
+		s.Map = &MapProgress{FannedOut: total != nil, Total: deref(total), Done: deref(done), Failed: deref(failed),
+			InFlight: deref(inFlight)}
+	}
 	if why != nil {
 		s.Why = *why
 	}
@@ -209,4 +237,11 @@ func ReadCreatedTask(ctx context.Context, q Querier, taskID int64) (CreatedTask,
 		return c, fmt.Errorf("readmodel: created task: %w", err)
 	}
 	return c, nil
+}
+
+func deref(p *int32) int32 {
+	if p == nil {
+		return 0
+	}
+	return *p
 }

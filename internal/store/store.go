@@ -662,3 +662,19 @@ func QueueStats(ctx context.Context, db DBTX) ([]QueueStat, error) {
 	}
 	return stats, nil
 }
+
+// MapStats is the progress of the maps running now (stepready.map_stats): map steps in progress that have fanned
+// out, their elements, and of those the ones done, failed and in flight.
+type MapStats struct {
+	Maps, Elements, Done, Failed, InFlight int64
+}
+
+// ReadMapStats reads stepready.map_stats().
+func ReadMapStats(ctx context.Context, db DBTX) (MapStats, error) {
+	var s MapStats
+	if err := db.QueryRow(ctx, `SELECT maps, elements, done, failed, in_flight FROM stepready.map_stats()`).Scan(
+		&s.Maps, &s.Elements, &s.Done, &s.Failed, &s.InFlight); err != nil {
+		return s, fmt.Errorf("store: map stats: %w", err)
+	}
+	return s, nil
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"sync"
 	"syscall"
 	"time"
@@ -344,4 +345,33 @@ func caseDepsArriveResolved(c *caseEnv) {
 	require.Nil(t, bad.Output)
 	require.Equal(t, "deterministic", bad.LastError["class"])
 	require.Contains(t, bad.LastError["message"], "${deps.a.nope}")
+}
+
+// map_elements_arrive_resolved: a map step fans out into elements the worker takes like steps; each element's input
+// arrives with ${element…} and ${index} resolved, and the map step's output is its elements' outputs in element
+// order (docs/dataflow.md, "Map steps"). An empty array completes the map at once, without the worker.
+func caseMapElementsArriveResolved(c *caseEnv) {
+	t := c.t
+	task := c.createTask(map[string]any{"name": "fanout", "steps": []any{
+		map[string]any{"name": "list", "handler": "noop", "input": map[string]any{
+			"photos": []any{map[string]any{"file": "a.jpg"}, map[string]any{"file": "b.jpg"}, map[string]any{"file": "c.jpg"}},
+			"none":   []any{}}},
+		map[string]any{"name": "resize", "handler": "noop", "depends_on": []string{"list"},
+			"input": map[string]any{"photo": "${element.file}", "position": "${index}", "label": "photo ${index}: ${element.file}"},
+			"map":   map[string]any{"over": "${deps.list.photos}", "max_in_flight": 2}},
+		map[string]any{"name": "empty", "handler": "noop", "depends_on": []string{"list"},
+			"input": map[string]any{"v": "${element}"}, "map": map[string]any{"over": "${deps.list.none}"}},
+		map[string]any{"name": "join", "handler": "noop", "depends_on": []string{"resize", "empty"},
+			"input": map[string]any{"resized": "${deps.resize}", "empty": "${deps.empty}"}},
+	}})
+	c.start(nil)
+	join := c.waitStep(task, "join", wait, "complete")
+	require.JSONEq(t, `{"resized": [
+		{"photo": "a.jpg", "position": 0, "label": "photo 0: a.jpg"},
+		{"photo": "b.jpg", "position": 1, "label": "photo 1: b.jpg"},
+		{"photo": "c.jpg", "position": 2, "label": "photo 2: c.jpg"}], "empty": []}`, string(join.Output))
+	for i := range 3 {
+		e := c.waitStep(task, fmt.Sprintf("resize[%d]", i), wait, "complete")
+		require.Equal(t, 1, e.Attempts, "element %d started once", i)
+	}
 }

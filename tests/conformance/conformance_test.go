@@ -47,6 +47,7 @@ var cases = []conformanceCase{
 	{"rules", caseRules},
 	{"other_queues_and_handlers_are_never_taken", caseOtherQueuesAndHandlers},
 	{"deps_arrive_resolved", caseDepsArriveResolved},
+	{"map_elements_arrive_resolved", caseMapElementsArriveResolved},
 }
 
 // TestConformance runs every case against every worker under test, each case with a database and a worker

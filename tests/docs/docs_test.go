@@ -246,7 +246,7 @@ func runPage(t *testing.T, p *page) {
 			if time.Now().After(deadline) {
 				t.Fatalf("%s: after %s of trying: %s\ncommand:\n%s\nit printed:\n%s", b.where(), pollFor, diff, last, got)
 			}
-			time.Sleep(pollEvery)
+			<-time.After(pollEvery) // the next try of the poll; the deadline above bounds it
 		}
 	}
 	directives(p.trailing)

@@ -101,7 +101,9 @@ func TestOperatorActionDuringAnAttempt(t *testing.T) {
 						`SELECT stepready._flow_in_flight('k', now())`).Scan(&slots); err != nil {
 						return nil, err
 					}
-					time.Sleep(150 * time.Millisecond) // the clean-up the test measures, not a wait for state
+					// The handler's own clean-up work, 150 ms long, during which the slot must stay taken (the
+					// test measures the slot over that time; it waits for no state).
+					<-time.After(150 * time.Millisecond)
 					mu.Lock()
 					r.slots = slots
 					mu.Unlock()

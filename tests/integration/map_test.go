@@ -571,3 +571,26 @@ func TestMapWindowHoldsAcrossConcurrentWorkers(t *testing.T) {
 	}
 	requireJSON(t, "["+strings.Join(want, ", ")+"]", b.step(ids["m"]).Output, "every output once, in element order")
 }
+
+// A map step's concurrency key limits its elements, not the map step: once fanned out the map step holds no slot
+// (it hands its key to its elements), so with a limit of 1 one element runs at a time and all of them run.
+func TestMapConcurrencyKeyLimitsTheElementsOnly(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	t0 := testBase
+	_, ids := b.mapTask(`{"over": "${deps.list.items}"}`, `{"v": "${element}"}`, `{"items": [1, 2, 3]}`, t0)
+	b.exec(`UPDATE stepready.steps SET concurrency_key = 'k', concurrency_limit = 1 WHERE id = $1`, ids["m"])
+	require.Empty(t, b.mapClaimStart(10, t0), "the claim that picks the map step fans it out")
+	var mapKey *string
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT concurrency_key FROM stepready.steps WHERE id = $1`,
+		ids["m"]).Scan(&mapKey))
+	require.Nil(t, mapKey, "the fanned-out map step holds no slot of its key")
+	for i := range 3 {
+		rows := b.mapClaimStart(10, t0)
+		require.Len(t, rows, 1, "element %d: one at a time under a limit of 1", i)
+		require.Equal(t, fmt.Sprintf("m[%d]", i), rows[0].Name)
+		require.Empty(t, b.mapClaimStart(10, t0), "the key is full while element %d runs", i)
+		require.True(t, b.complete(rows[0].StepID, rows[0].Attempt, `{}`, t0))
+	}
+	require.Equal(t, "complete", b.step(ids["m"]).State)
+}
