@@ -98,6 +98,7 @@ DECLARE
     v_done_tokens int[] := '{}';
     v_tasks       bigint[] := '{}';
     v_n      int;
+    v_window int;
 BEGIN
     SELECT array_agg(s.id ORDER BY s.id) INTO v_maps
       FROM stepready.steps s
@@ -154,6 +155,9 @@ BEGIN
             v_done_ids := v_done_ids || r.id;
             v_done_tokens := v_done_tokens || r.fence_token;
         ELSE
+            -- Read once: r.map holds the array when `over` is a literal, and reading a member of it per element
+            -- would read the whole array each time (O(n²) for the fan-out).
+            v_window := COALESCE((r.map ->> 'max_in_flight')::int, 2147483647);
             INSERT INTO stepready.steps (
                 task_id, name, handler, input, state, attempts, max_attempts, retryable, backoff, base_delay_ms,
                 multiplier, max_delay_ms, jitter, retry_policy, timeout_ms, on_exhausted, rules, iteration,
@@ -165,7 +169,7 @@ BEGIN
                    m.timeout_ms, 'fail_task', m.rules, 0, m.max_iterations, m.collect, m.breaker_limit,
                    m.priority, m.queue,
                    -- the window: elements past the first max_in_flight are held out of the claim index
-                   CASE WHEN e.o > COALESCE((r.map ->> 'max_in_flight')::int, 2147483647) THEN 1 ELSE 0 END,
+                   CASE WHEN e.o > v_window THEN 1 ELSE 0 END,
                    false, m.task_priority, m.concurrency_key, m.concurrency_limit,
                    m.rate_key, m.rate_limit, m.rate_period_ms, m.id, e.v, (e.o - 1)::int
               FROM stepready.steps m
@@ -262,7 +266,9 @@ $fn$;
 -- The window (max_in_flight): releases as many held elements of map step p_map_id (pending_parents = 1) as there
 -- are free slots, in element order. A slot is held by every released element not yet terminal (one in backoff
 -- keeps its slot). Callers hold the map step's row lock, which serializes this between concurrent completions;
--- each statement sees the others' committed releases.
+-- each statement sees the others' committed releases. Both reads go through steps_map_window_idx (schema version
+-- 16), which holds only the elements not yet terminal: the count reads at most max_in_flight entries and the
+-- release the first held ones, whatever the size of the map and however many of its elements are finished.
 CREATE OR REPLACE FUNCTION stepready._map_release(p_map_id bigint, p_max_in_flight int)
 RETURNS void
 LANGUAGE plpgsql
@@ -270,15 +276,19 @@ AS $fn$
 BEGIN
     UPDATE stepready.steps s
        SET pending_parents = 0, updated_at = now()
-     WHERE s.id IN (SELECT h.id FROM stepready.steps h
-                     WHERE h.map_step_id = p_map_id AND h.pending_parents = 1
-                       AND h.state IN ('pending', 'waiting_for_retry')
-                     ORDER BY h.element_index
-                     LIMIT GREATEST(COALESCE(p_max_in_flight, 2147483647)
-                                    - (SELECT count(*) FROM stepready.steps f
-                                        WHERE f.map_step_id = p_map_id AND f.pending_parents = 0
-                                          AND f.state NOT IN ('complete', 'error', 'skipped', 'cancelled',
-                                                              'resolved_manually')), 0));
+     -- = ANY (ARRAY(…)), not IN (…): the ids found are then read by primary key (an IN is planned as a hash
+     -- join over a scan of every step).
+     WHERE s.id = ANY (ARRAY(
+               SELECT h.id FROM stepready.steps h
+                WHERE h.map_step_id = p_map_id AND h.pending_parents = 1
+                  AND h.state NOT IN ('complete', 'error', 'skipped', 'cancelled', 'resolved_manually')
+                  AND h.state IN ('pending', 'waiting_for_retry')
+                ORDER BY h.element_index
+                LIMIT GREATEST(COALESCE(p_max_in_flight, 2147483647)
+                               - (SELECT count(*) FROM stepready.steps f
+                                   WHERE f.map_step_id = p_map_id AND f.pending_parents = 0
+                                     AND f.state NOT IN ('complete', 'error', 'skipped', 'cancelled',
+                                                         'resolved_manually')), 0)));
 END;
 $fn$;
 

@@ -571,7 +571,7 @@ BEGIN
      -- Resolved only where the input has `${`: the subquery's filter on the outer row skips the call otherwise.
      LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(c.input, d.deps, t.context, c.task_id,
                                                                      c.element, c.element_index) x
-                        WHERE c.input_refs) r ON true
+                        WHERE c.input_refs OFFSET 0) r ON true
      WHERE r.problem IS NULL
      ORDER BY c.ord;
     GET DIAGNOSTICS v_n = ROW_COUNT;

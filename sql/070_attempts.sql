@@ -153,7 +153,7 @@ BEGIN
          -- Resolved only where the input has `${`: the subquery's filter on the outer row skips the call otherwise.
          LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(st.input, d.deps, st.context, st.task_id,
                                                                          st.element, st.element_index) x
-                            WHERE st.input_refs) r ON true
+                            WHERE st.input_refs OFFSET 0) r ON true
          WHERE r.problem IS NULL;
         GET DIAGNOSTICS v_n = ROW_COUNT;
         IF v_n < cardinality(v_start) THEN
