@@ -269,9 +269,13 @@ $fn$;
 -- each statement sees the others' committed releases. Both reads go through steps_map_window_idx (schema version
 -- 16), which holds only the elements not yet terminal: the count reads at most max_in_flight entries and the
 -- release the first held ones, whatever the size of the map and however many of its elements are finished.
+-- enable_seqscan off: on a small table the planner would count by reading every step (the plan is cached for
+-- the session, and the table grows).
 CREATE OR REPLACE FUNCTION stepready._map_release(p_map_id bigint, p_max_in_flight int)
 RETURNS void
 LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan
+SET enable_seqscan = off
 AS $fn$
 BEGIN
     UPDATE stepready.steps s
