@@ -70,7 +70,10 @@ func mapping(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	n := size.MapElements
 	m, err := medians(
 		func() (float64, error) { v, err := mapClient(ctx, env, n, 0); return v, wrap("map", err) },
-		func() (float64, error) { v, err := mapClient(ctx, env, n, mapWindow); return v, wrap("windowed map", err) },
+		func() (float64, error) {
+			v, err := mapClient(ctx, env, n, mapWindow)
+			return v, wrap("windowed map", err)
+		},
 		func() (float64, error) {
 			v, err := throughputClient(ctx, env, n, stepready.DispatchDirect)
 			return v, wrap("independent", err)
