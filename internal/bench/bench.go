@@ -66,6 +66,8 @@ type Size struct {
 	// MapElements is the number of elements of scenario 10a's map (against as many independent steps), and
 	// MapFanOut the number of elements of 10b's fan-out and 10c's claim.
 	MapElements, MapFanOut int
+	// DataflowDiamonds is the number of diamond tasks of scenario 10d (with and without outputs flowing).
+	DataflowDiamonds int
 }
 
 // Sizes are the presets of cmd/bench.
@@ -74,13 +76,14 @@ var Sizes = map[string]Size{
 		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000,
 		CreationRun: 30 * time.Second, CreationBulkRun: 6 * time.Second, CreationLoaded: 20_000,
 		CreationFileChains: 100_000, HistorySteps: 100_000,
-		SteadyRun: time.Minute, FlowClaimLarge: 100_000, PythonSteps: 5_000, MapElements: 10_000, MapFanOut: 100_000},
+		SteadyRun: time.Minute, FlowClaimLarge: 100_000, PythonSteps: 5_000, MapElements: 10_000, MapFanOut: 100_000,
+		DataflowDiamonds: 1_000},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
 		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
 		CreationRun: 60 * time.Second, CreationBulkRun: 21 * time.Second, CreationLoaded: 100_000,
 		CreationFileChains: 1_000_000, HistorySteps: 1_000_000,
 		SteadyRun: 10 * time.Minute, FlowClaimLarge: 1_000_000, PythonSteps: 20_000, MapElements: 10_000,
-		MapFanOut: 100_000},
+		MapFanOut: 100_000, DataflowDiamonds: 5_000},
 }
 
 // Row is one line of the report.
