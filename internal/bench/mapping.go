@@ -262,7 +262,10 @@ func mapping(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	// 10d.
 	d := size.DataflowDiamonds
 	m, err = medians(
-		func() (float64, error) { v, err := dataflowClient(ctx, env, d, true); return v, wrap("with outputs", err) },
+		func() (float64, error) {
+			v, err := dataflowClient(ctx, env, d, true)
+			return v, wrap("with outputs", err)
+		},
 		func() (float64, error) { v, err := dataflowClient(ctx, env, d, false); return v, wrap("without", err) },
 	)
 	if err != nil {
