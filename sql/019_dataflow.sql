@@ -192,14 +192,29 @@ BEGIN
 END;
 $fn$;
 
--- _resolve_input's walk over one JSON value.
+-- The path of a string that is exactly one well-formed reference (`${deps.fetch.items}`, `${task.id}`,
+-- `${index}`: the common case), else NULL (no reference, text around it, several, a malformed one, the `$${`
+-- escape: _resolve_string parses those and names what is wrong). Lets _resolve_value look the common case up
+-- without the parser's calls: the same rules as _ref_parse (a root, non-empty segments holding no `.`, `$`, `{`
+-- or `}`, a parent named after deps, task only as task.id, index without a path).
+CREATE OR REPLACE FUNCTION stepready._ref_whole(p_text text)
+RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE
+AS $fn$
+    SELECT CASE WHEN p_text ~ '^\$\{(?:(?:deps\.[^.${}]+|context|element)(?:\.[^.${}]+)*|task\.id|index)\}$'
+                THEN string_to_array(substr(p_text, 3, length(p_text) - 3), '.') END;
+$fn$;
+
+-- _resolve_input's walk over one JSON value. A string that is exactly one reference is looked up at once (in an
+-- object or an array, without a call per member); any other string holding `${` goes through _resolve_string.
 CREATE OR REPLACE FUNCTION stepready._resolve_value(p_value jsonb, p_scope jsonb, OUT value jsonb, OUT problem text)
 LANGUAGE plpgsql IMMUTABLE
 AS $fn$
 DECLARE
-    r     record;
-    v_sub record;
-    v_i   int := 0;
+    r      record;
+    v_sub  record;
+    v_path text[];
+    v_one  jsonb;
 BEGIN
     IF p_value IS NULL OR strpos(p_value::text, '${') = 0 THEN
         value := p_value;
@@ -207,28 +222,53 @@ BEGIN
     END IF;
     CASE jsonb_typeof(p_value)
         WHEN 'string' THEN
+            v_path := stepready._ref_whole(p_value #>> '{}');
+            IF v_path IS NOT NULL THEN
+                value := p_scope #> v_path;
+                IF value IS NULL THEN
+                    problem := format('input reference %s: %s not found', p_value #>> '{}',
+                                      array_to_string(v_path, '.'));
+                END IF;
+                RETURN;
+            END IF;
             SELECT s.value, s.problem INTO value, problem FROM stepready._resolve_string(p_value #>> '{}', p_scope) s;
         WHEN 'array' THEN
             value := '[]';
             FOR r IN SELECT e.v FROM jsonb_array_elements(p_value) WITH ORDINALITY AS e(v, o) ORDER BY e.o LOOP
-                SELECT x.value, x.problem INTO v_sub FROM stepready._resolve_value(r.v, p_scope) x;
-                IF v_sub.problem IS NOT NULL THEN
-                    value := NULL;
-                    problem := v_sub.problem;
-                    RETURN;
+                v_path := CASE WHEN jsonb_typeof(r.v) = 'string' THEN stepready._ref_whole(r.v #>> '{}') END;
+                IF strpos(r.v::text, '${') = 0 THEN
+                    v_one := r.v;
+                ELSIF v_path IS NOT NULL AND p_scope #> v_path IS NOT NULL THEN
+                    v_one := p_scope #> v_path;
+                ELSE
+                    SELECT x.value, x.problem INTO v_sub FROM stepready._resolve_value(r.v, p_scope) x;
+                    IF v_sub.problem IS NOT NULL THEN
+                        value := NULL;
+                        problem := v_sub.problem;
+                        RETURN;
+                    END IF;
+                    v_one := v_sub.value;
                 END IF;
-                value := value || jsonb_build_array(v_sub.value);
+                value := value || jsonb_build_array(v_one);
             END LOOP;
         WHEN 'object' THEN
             value := '{}';
             FOR r IN SELECT e.key, e.value AS v FROM jsonb_each(p_value) AS e LOOP
-                SELECT x.value, x.problem INTO v_sub FROM stepready._resolve_value(r.v, p_scope) x;
-                IF v_sub.problem IS NOT NULL THEN
-                    value := NULL;
-                    problem := v_sub.problem;
-                    RETURN;
+                v_path := CASE WHEN jsonb_typeof(r.v) = 'string' THEN stepready._ref_whole(r.v #>> '{}') END;
+                IF strpos(r.v::text, '${') = 0 THEN
+                    v_one := r.v;
+                ELSIF v_path IS NOT NULL AND p_scope #> v_path IS NOT NULL THEN
+                    v_one := p_scope #> v_path;
+                ELSE
+                    SELECT x.value, x.problem INTO v_sub FROM stepready._resolve_value(r.v, p_scope) x;
+                    IF v_sub.problem IS NOT NULL THEN
+                        value := NULL;
+                        problem := v_sub.problem;
+                        RETURN;
+                    END IF;
+                    v_one := v_sub.value;
                 END IF;
-                value := value || jsonb_build_object(r.key, v_sub.value);
+                value := value || jsonb_build_object(r.key, v_one);
             END LOOP;
         ELSE
             value := p_value;

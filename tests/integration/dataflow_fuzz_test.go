@@ -88,6 +88,25 @@ func checkReferenceText(t *testing.T, db *pgtest.DB, text string) {
 		}
 	}
 	require.True(t, (value == nil) != (resolveProblem == nil), "a value or a problem: %q", text)
+
+	// _resolve_value looks a string that is exactly one reference up without the parser (_ref_whole), alone, as
+	// an object's member or an array's item: what it gives is always what the parser's _resolve_string gives.
+	var strValue, strProblem, aloneValue, aloneProblem, arrayValue, arrayProblem *string
+	require.NoError(t, db.Pool.QueryRow(ctx, `WITH scope AS (SELECT jsonb_build_object('deps', $2::jsonb,
+			'context', $3::jsonb, 'task', jsonb_build_object('id', 42)) AS s)
+		SELECT p.value::text, p.problem, a.value::text, a.problem, l.value::text, l.problem
+		  FROM scope, stepready._resolve_string($1, scope.s) p, stepready._resolve_value(to_jsonb($1::text), scope.s) a,
+		       stepready._resolve_value(jsonb_build_array($1::text, 'x'), scope.s) l`,
+		text, fuzzDeps, fuzzContext).Scan(&strValue, &strProblem, &aloneValue, &aloneProblem, &arrayValue, &arrayProblem),
+		"resolution of %q", text)
+	require.Equal(t, strProblem, aloneProblem, "alone: %q", text)
+	require.Equal(t, strProblem, arrayProblem, "in an array: %q", text)
+	require.Equal(t, strProblem, resolveProblem, "in an object: %q", text)
+	if strValue != nil {
+		require.JSONEq(t, *strValue, *aloneValue, "alone: %q", text)
+		require.JSONEq(t, `[`+*strValue+`, "x"]`, *arrayValue, "in an array: %q", text)
+		require.JSONEq(t, `{"v": `+*strValue+`}`, *value, "in an object: %q", text)
+	}
 }
 
 // FuzzInputReferences: see checkReferenceText.
@@ -107,7 +126,8 @@ var referenceSeeds = []string{
 	"${deps.p.o} inside", "${deps.q.x}", "${deps.p.nope}", "${deps}", "${deps.p", "${deps..x}", "${task.id}",
 	"${task.name}", "${index}", "${element.id}", "$${deps.p}", "$$${deps.p.s}", "${HOME}", "${contextual}",
 	"${context}", "${context.deep.er.est}-${task.id}", "${deps.p.z}", "${ deps.p }", "${deps.p.s}}", "}${",
-	"${deps.p.${deps.p.s}}", "é${context.list.0}€",
+	"${deps.p.${deps.p.s}}", "é${context.list.0}€", "${task.id.x}", "${index.0}", "${deps.p.}", "${.p}",
+	"${context.list.-1}", "${deps.p.a}", "${element}",
 }
 
 // TestInputReferencesRandom is the bounded run of FuzzInputReferences: strings assembled at random from the

@@ -20,6 +20,12 @@ import (
 // statistics on, and returns how many times it called stepready._resolve_input and the inputs as text, by step id.
 func resolveCalls(t *testing.T, conn *pgx.Conn, query string, args ...any) (int64, []string) {
 	t.Helper()
+	return functionCalls(t, conn, "_resolve_input", query, args...)
+}
+
+// functionCalls is resolveCalls counting the calls of stepready.fn.
+func functionCalls(t *testing.T, conn *pgx.Conn, fn, query string, args ...any) (int64, []string) {
+	t.Helper()
 	// The counts of earlier transactions stay pending in this backend (and in pg_stat_xact_*) until a flush:
 	// one is forced when the backend goes idle after this command.
 	_, err := conn.Exec(t.Context(), `SELECT pg_catalog.pg_stat_force_next_flush()`)
@@ -36,7 +42,7 @@ func resolveCalls(t *testing.T, conn *pgx.Conn, query string, args ...any) (int6
 	require.NoError(t, err)
 	var n int64
 	require.NoError(t, tx.QueryRow(t.Context(), `SELECT COALESCE(sum(calls), 0)::bigint
-		FROM pg_catalog.pg_stat_xact_user_functions WHERE schemaname = 'stepready' AND funcname = '_resolve_input'`).
+		FROM pg_catalog.pg_stat_xact_user_functions WHERE schemaname = 'stepready' AND funcname = $1`, fn).
 		Scan(&n))
 	require.NoError(t, tx.Commit(t.Context()))
 	return n, inputs
@@ -81,6 +87,28 @@ func TestStartResolvesOnlyInputsWithReferences(t *testing.T) {
 		claimed, testWorker, testLeaseMs, testBase)
 	require.Equal(t, want(taskID), inputs)
 	require.Equal(t, int64(1), calls, "start_steps: one input with references")
+}
+
+// TestStartLooksWholeReferencesUpWithoutTheParser: an input whose strings are each exactly one reference (the
+// common case: `{"pad": "${deps.a.pad}"}`) resolves without the reference parser (_ref_parse), which is kept for
+// strings with text around their references. (Scenario 10d: the parser's calls were half the resolution's cost.)
+func TestStartLooksWholeReferencesUpWithoutTheParser(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	conn, err := b.db.Pool.Acquire(b.ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	taskID, ids := b.task(`{"name": "whole", "context": {"region": "eu"}, "steps": [
+		{"name": "a", "handler": "h"},
+		{"name": "b", "handler": "h", "depends_on": ["a"],
+		 "input": {"pad": "${deps.a.pad}", "list": ["${deps.a.n}", "${task.id}", 3], "region": "${context.region}"}},
+		{"name": "c", "handler": "h", "depends_on": ["a"], "input": {"text": "pad ${deps.a.pad} in ${context.region}"}}]}`)
+	b.runToComplete(ids["a"], `{"pad": "xyz", "n": 2}`, testBase)
+	calls, inputs := functionCalls(t, conn.Conn(), "_ref_parse", `SELECT step_id, input
+		FROM stepready.claim_and_start_steps(10, $1, $2, $3)`, testWorker, testLeaseMs, testBase)
+	require.Equal(t, []string{fmt.Sprintf(`{"pad": "xyz", "list": [2, %d, 3], "region": "eu"}`, taskID),
+		`{"text": "pad xyz in eu"}`}, inputs)
+	require.Equal(t, int64(1), calls, "the parser, for c's one string with text around its references")
 }
 
 // TestMapWindowReleaseReadsTheWindowNotTheMap: completing an element of a windowed map reads a number of steps
