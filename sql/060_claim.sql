@@ -569,6 +569,8 @@ BEGIN
                           -- an element's deps are its map step's (elements have no edges)
                           WHERE e.child_step_id = COALESCE(c.map_step_id, c.id)) d
      -- Resolved only where the input has `${`: the subquery's filter on the outer row skips the call otherwise.
+     -- OFFSET 0 keeps the subquery whole: pulled up, the call ran for every row and the filter came after it (an
+     -- element's call copied its task's whole context, the array a map reads: ~0.8 ms at 10,000 items).
      LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(c.input, d.deps, t.context, c.task_id,
                                                                      c.element, c.element_index) x
                         WHERE c.input_refs OFFSET 0) r ON true

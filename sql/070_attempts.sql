@@ -150,7 +150,8 @@ BEGIN
                                                      AND q.state IN ('complete', 'resolved_manually') OFFSET 0) p
                               -- an element's deps are its map step's (elements have no edges)
                               WHERE e.child_step_id = COALESCE(st.map_step_id, st.id)) d
-         -- Resolved only where the input has `${`: the subquery's filter on the outer row skips the call otherwise.
+         -- Resolved only where the input has `${`: the subquery's filter on the outer row skips the call otherwise
+         -- (OFFSET 0 keeps the subquery whole, as in claim_and_start_steps: pulled up, the call ran for every row).
          LEFT JOIN LATERAL (SELECT x.value, x.problem FROM stepready._resolve_input(st.input, d.deps, st.context, st.task_id,
                                                                          st.element, st.element_index) x
                             WHERE st.input_refs OFFSET 0) r ON true
