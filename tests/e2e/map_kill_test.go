@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -56,7 +57,14 @@ func testMapKillMidMap(t *testing.T, mode string) {
 			mapID).Scan(&n))
 		return n
 	}
-	first := startChild(t, b, mode, childRunLogEnv+"="+runLog)
+	// The first daemon's connections carry an application_name of their own (the later childEnv wins), so that
+	// the test can wait for them to end after the kill (below).
+	firstURL, err := url.Parse(b.db.URL)
+	require.NoError(t, err)
+	q := firstURL.Query()
+	q.Set("application_name", "mapkill-first-"+mode)
+	firstURL.RawQuery = q.Encode()
+	first := startChild(t, b, mode, childRunLogEnv+"="+runLog, childEnv+"="+firstURL.String())
 	// Deadlines for a busy machine: alone, a mode takes ~2 s to the kill and ~8 s after it; the package's test
 	// binary has 10 minutes in all (go test's default), and both modes run at once.
 	deadline := time.Now().Add(3 * time.Minute)
@@ -74,6 +82,19 @@ func testMapKillMidMap(t *testing.T, mode string) {
 	}
 	require.NoError(t, first.Process.Signal(syscall.SIGKILL))
 	_ = first.Wait()
+	// A statement the killed daemon had sent still runs to its end on the server (its backend notices the closed
+	// socket only when it writes the result): a claim committed then hands elements to the dead daemon after
+	// the kill. Its backends gone, what it holds is settled.
+	for {
+		var backends int
+		require.NoError(t, b.db.Pool.QueryRow(ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity
+			WHERE application_name = $1`, "mapkill-first-"+mode).Scan(&backends))
+		if backends == 0 {
+			break
+		}
+		require.True(t, time.Now().Before(deadline), "the killed daemon's connections still open (%d)", backends)
+		<-time.After(10 * time.Millisecond)
+	}
 
 	// The elements the killed daemon held: only these may run a second time.
 	held := map[int]bool{}
