@@ -375,7 +375,8 @@ BEGIN
     WITH done AS (
         UPDATE stepready.steps s
            SET state = 'complete',
-               output = CASE WHEN s.wait ? 'signal' THEN NULL ELSE jsonb_build_object('slept_until', s.wait_until) END,
+               output = CASE WHEN s.wait ? 'signal' THEN 'null'::jsonb
+                             ELSE jsonb_build_object('slept_until', s.wait_until) END,
                completed_at = p_as_of, updated_at = now(), wait_until = NULL
          WHERE s.id = ANY (v_ids)
            AND (NOT s.wait ? 'signal' OR s.wait ->> 'on_timeout' = 'continue')

@@ -136,6 +136,380 @@ func TestSignalSentBeforeTheWaitIsBufferedAndConsumedWhenItBegins(t *testing.T) 
 	require.True(t, sigs[0].ConsumedAt.Equal(testBase.Add(time.Second)))
 }
 
+// defErr is the error create_task raises for definition, or nil.
+func (b *lifecycleBundle) defErr(definition string) error {
+	var id int64
+	return b.db.Pool.QueryRow(b.ctx, `SELECT stepready.create_task($1::jsonb)`, definition).Scan(&id)
+}
+
+func TestWaitDefinitionErrors(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	def := func(step string) string {
+		return `{"name": "t", "steps": [{"name": "a", "handler": "h"}, ` + step + `]}`
+	}
+	for _, tc := range []struct{ step, want string }{
+		{`{"name": "w", "handler": "h", "wait": {"signal": "x"}}`,
+			`steps[1] "w": handler and wait: a step has one or the other, not both`},
+		{`{"name": "w", "wait": {"signal": "x"}, "map": {"over": [1]}}`, `steps[1] "w": map and wait`},
+		{`{"name": "w", "wait": {"signal": "x"}, "rules": []}`, `steps[1] "w": rules and wait`},
+		{`{"name": "w", "wait": "x"}`, `steps[1] "w": wait: must be an object`},
+		{`{"name": "w", "wait": {}}`, `steps[1] "w": wait: must have exactly one of signal, duration_ms and until`},
+		{`{"name": "w", "wait": {"signal": "x", "duration_ms": 5}}`, `steps[1] "w": wait: must have exactly one of`},
+		{`{"name": "w", "wait": {"signal": "x", "after": 5}}`, `steps[1] "w": wait: unknown field "after"`},
+		{`{"name": "w", "wait": {"signal": ""}}`, `steps[1] "w": wait.signal: must be a non-empty string, got ""`},
+		{`{"name": "w", "wait": {"signal": 7}}`, `steps[1] "w": wait.signal: must be a non-empty string, got 7`},
+		{`{"name": "w", "wait": {"signal": "x", "timeout_ms": -1}}`,
+			`steps[1] "w": wait.timeout_ms: must be an integer >= 0, got -1`},
+		{`{"name": "w", "wait": {"signal": "x", "timeout_ms": 1.5}}`, `steps[1] "w": wait.timeout_ms: must be an integer`},
+		{`{"name": "w", "wait": {"signal": "x", "timeout_ms": "5s"}}`, `steps[1] "w": wait.timeout_ms: must be an integer`},
+		{`{"name": "w", "wait": {"signal": "x", "on_timeout": "retry"}}`,
+			`steps[1] "w": wait.on_timeout: must be fail or continue, got "retry"`},
+		{`{"name": "w", "wait": {"duration_ms": -5}}`, `steps[1] "w": wait.duration_ms: must be an integer >= 0, got -5`},
+		{`{"name": "w", "wait": {"duration_ms": null}}`, `steps[1] "w": wait.duration_ms: must be an integer >= 0, got null`},
+		{`{"name": "w", "wait": {"duration_ms": 5, "timeout_ms": 5}}`,
+			`steps[1] "w": wait: timeout_ms goes with signal only`},
+		{`{"name": "w", "wait": {"until": "tomorrow"}}`, `steps[1] "w": wait.until: must be an RFC 3339 time`},
+		{`{"name": "w", "wait": {"until": "2030-01-01 00:00:00"}}`, `steps[1] "w": wait.until: must be an RFC 3339 time`},
+		{`{"name": "w", "wait": {"until": "2030-02-30T00:00:00Z"}}`, `steps[1] "w": wait.until: must be an RFC 3339 time`},
+		{`{"name": "w", "wait": {"until": 1893456000}}`, `steps[1] "w": wait.until: must be an RFC 3339 time or a reference, got 1893456000`},
+		{`{"name": "w", "wait": {"until": "${deps.a.at}"}}`,
+			`steps[1] "w": wait.until: reference ${deps.a.at} names step "a", which is not a direct parent (depends_on)`},
+		{`{"name": "w", "wait": {"until": "at ${context.at}"}}`, `steps[1] "w": wait.until: must be an RFC 3339 time or exactly one reference`},
+		{`{"name": "w", "wait": {"until": "${task.id}"}}`, `steps[1] "w": wait.until: must be an RFC 3339 time or exactly one reference`},
+		{`{"name": "w", "wait": {"until": "${context.at"}}`, `steps[1] "w": wait.until: reference ${context.at is not closed`},
+	} {
+		err := b.defErr(def(tc.step))
+		require.Error(t, err, tc.step)
+		require.Equal(t, "22023", sqlState(err), "%s: %v", tc.step, err)
+		require.Contains(t, err.Error(), tc.want, tc.step)
+	}
+	// create_tasks names the element; nothing of the call is written.
+	var n int
+	err := b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM stepready.create_tasks($1::jsonb)`,
+		`[`+def(`{"name": "w", "wait": {"signal": "x"}}`)+`, `+def(`{"name": "w", "wait": {"duration_ms": -1}}`)+`]`).Scan(&n)
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `definitions[1]: steps[1] "w": wait.duration_ms: must be an integer >= 0`)
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM stepready.tasks`).Scan(&n))
+	require.Zero(t, n)
+	// Templates are checked by the same validation.
+	_, err = b.db.Pool.Exec(b.ctx, `INSERT INTO stepready.task_templates (name, definition) VALUES ('tw', $1::jsonb)`,
+		def(`{"name": "w", "wait": {"signal": "x", "on_timeout": "never"}}`))
+	require.Error(t, err)
+	require.Contains(t, err.Error(), `steps[1] "w": wait.on_timeout: must be fail or continue`)
+	// Valid ones pass, on every path.
+	for _, w := range []string{`{"signal": "x"}`, `{"signal": "x", "timeout_ms": 0, "on_timeout": "continue"}`,
+		`{"duration_ms": 0}`, `{"until": "2030-01-01T00:00:00.5+02:00"}`, `{"until": "${context.at}"}`} {
+		require.NoError(t, b.defErr(def(`{"name": "w", "depends_on": ["a"], "wait": `+w+`}`)), w)
+	}
+	require.NoError(t, b.defErr(def(`{"name": "w", "depends_on": ["a"], "wait": {"until": "${deps.a.at}"}}`)))
+}
+
+func TestWaitPlainSQLInsert(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	var taskID int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `INSERT INTO stepready.tasks (name) VALUES ('plain') RETURNING id`).
+		Scan(&taskID))
+	// Both: refused, naming the step.
+	_, err := b.db.Pool.Exec(b.ctx, `INSERT INTO stepready.steps (task_id, name, handler, wait)
+		VALUES ($1, 'w', 'h', '{"signal": "x"}')`, taskID)
+	require.Equal(t, "22023", sqlState(err))
+	require.Contains(t, err.Error(), `step "w" of task`)
+	require.Contains(t, err.Error(), "handler and wait")
+	_, err = b.db.Pool.Exec(b.ctx, `INSERT INTO stepready.steps (task_id, name, wait)
+		VALUES ($1, 'w', '{"signal": "x", "timeout_ms": -3}')`, taskID)
+	require.Equal(t, "22023", sqlState(err))
+	require.Contains(t, err.Error(), `step "w" of task`)
+	require.Contains(t, err.Error(), "wait.timeout_ms: must be an integer >= 0, got -3")
+
+	// A wait step and a child, inserted in one transaction with their edge: the wait begins at commit.
+	tx, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	var w, c int64
+	require.NoError(t, tx.QueryRow(b.ctx, `INSERT INTO stepready.steps (task_id, name, wait)
+		VALUES ($1, 'w', '{"signal": "go"}') RETURNING id`, taskID).Scan(&w))
+	require.NoError(t, tx.QueryRow(b.ctx, `INSERT INTO stepready.steps (task_id, name, handler)
+		VALUES ($1, 'c', 'h') RETURNING id`, taskID).Scan(&c))
+	_, err = tx.Exec(b.ctx, `INSERT INTO stepready.step_edges (parent_step_id, child_step_id) VALUES ($1, $2)`, w, c)
+	require.NoError(t, err)
+	require.NoError(t, tx.Commit(b.ctx))
+	b.requireState(w, "waiting")
+	b.requireState(c, "pending")
+	b.mustSend(taskID, "go", `"yes"`, testBase)
+	b.requireState(w, "complete")
+	require.Equal(t, []int64{c}, b.claimIDs(testBase))
+}
+
+// waitTask creates a task whose only step is a wait (no parent: it waits from creation) and returns its ids.
+func (b *lifecycleBundle) waitTask(wait string, extra string) (int64, int64) {
+	b.t.Helper()
+	taskID, ids := b.task(`{"name": "w", "steps": [{"name": "w", "wait": ` + wait + extra + `},
+		{"name": "after", "handler": "h", "depends_on": ["w"]}]}`)
+	return taskID, ids["w"]
+}
+
+// waitUntil reads a step's wait_until.
+func (b *lifecycleBundle) waitUntil(stepID int64) *time.Time {
+	b.t.Helper()
+	var at *time.Time
+	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT wait_until FROM stepready.steps WHERE id = $1`, stepID).
+		Scan(&at))
+	return at
+}
+
+// nextClaimAt calls next_claim_at(asOf).
+func (b *lifecycleBundle) nextClaimAt(asOf time.Time) *time.Time {
+	b.t.Helper()
+	var at *time.Time
+	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.next_claim_at($1)`, asOf).Scan(&at))
+	return at
+}
+
+func TestSleepEndsAtItsTimeExactly(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	_, ids := b.approvalTask(`{"duration_ms": 1500}`)
+	b.runToComplete(ids["charge"], `{}`, testBase)
+	end := testBase.Add(1500 * time.Millisecond)
+	require.True(t, b.waitUntil(ids["approve"]).Equal(end))
+	require.True(t, b.nextClaimAt(testBase).Equal(end), "the daemon's timer wakes at the end of the sleep")
+	_, reason := b.readiness(ids["approve"], testBase)
+	require.Equal(t, "sleeping", *reason)
+
+	require.Empty(t, b.claim(10, end.Add(-tick)))
+	b.requireState(ids["approve"], "waiting")
+	// At its end: the claim's own round trip ends the sleep and takes the dependent step at once.
+	require.Equal(t, []int64{ids["ship"]}, b.claimIDs(end))
+	s := b.step(ids["approve"])
+	require.Equal(t, "complete", s.State)
+	require.JSONEq(t, `{"slept_until": "2030-01-01T00:00:01.5+00:00"}`, *s.Output)
+	require.True(t, s.CompletedAt.Equal(end))
+}
+
+func TestUntilInThePastEndsAtTheNextClaim(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	_, w := b.waitTask(`{"until": "2020-01-01T00:00:00Z"}`, "")
+	b.requireState(w, "waiting")
+	require.Len(t, b.claim(10, testBase), 1)
+	s := b.step(w)
+	require.Equal(t, "complete", s.State)
+	require.JSONEq(t, `{"slept_until": "2020-01-01T00:00:00+00:00"}`, *s.Output)
+}
+
+func TestUntilReference(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	for _, tc := range []struct {
+		name, output, state, msg string
+	}{
+		{"resolves", `{"at": "2030-01-01T00:10:00Z"}`, "waiting", ""},
+		{"missing", `{"other": 1}`, "error", "${deps.charge.at}"},
+		{"not a time", `{"at": 42}`, "error", "is 42, not an RFC 3339 time"},
+	} {
+		taskID, ids := b.approvalTask(`{"until": "${deps.charge.at}"}`)
+		b.runToComplete(ids["charge"], tc.output, testBase)
+		s := b.step(ids["approve"])
+		require.Equal(t, tc.state, s.State, tc.name)
+		if tc.state == "waiting" {
+			require.True(t, b.waitUntil(ids["approve"]).Equal(testBase.Add(10*time.Minute)), tc.name)
+			continue
+		}
+		var le map[string]any
+		require.NoError(t, json.Unmarshal([]byte(*s.LastError), &le))
+		require.Equal(t, "deterministic", le["class"], tc.name)
+		require.Contains(t, le["message"], tc.msg, tc.name)
+		b.requireStatus(taskID, "error")
+	}
+	// ${context…}, resolved when the step starts waiting (here: at creation).
+	taskID, w := b.waitTask(`{"until": "${context.remind_at}"}`, "")
+	_ = taskID
+	require.Equal(t, "error", b.step(w).State, "the context has no remind_at")
+	var id int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.create_task($1::jsonb)`, `{"name": "c",
+		"context": {"remind_at": "2030-01-02T00:00:00Z"}, "steps": [{"name": "w", "wait": {"until": "${context.remind_at}"}}]}`).
+		Scan(&id))
+	sid := b.stepIDs(id)["w"]
+	b.requireState(sid, "waiting")
+	require.True(t, b.waitUntil(sid).Equal(testBase.Add(24*time.Hour)))
+}
+
+func TestSignalTimeoutBoundaries(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	for _, tc := range []struct {
+		wait, onExhausted, state, status string
+		output                           *string
+	}{
+		{`{"signal": "s", "timeout_ms": 1000}`, "fail_task", "error", "error", nil},
+		{`{"signal": "s", "timeout_ms": 1000, "on_timeout": "fail"}`, "skip", "skipped", "complete", nil},
+		{`{"signal": "s", "timeout_ms": 1000, "on_timeout": "continue"}`, "fail_task", "complete", "complete",
+			ptr("null")},
+	} {
+		taskID, ids := b.approvalTask(tc.wait)
+		b.exec(`UPDATE stepready.steps SET on_exhausted = $2 WHERE id = $1`, ids["approve"], tc.onExhausted)
+		b.runToComplete(ids["charge"], `{}`, testBase)
+		deadline := testBase.Add(time.Second)
+		b.claim(10, deadline.Add(-tick))
+		b.requireState(ids["approve"], "waiting")
+		b.claim(10, deadline)
+		s := b.step(ids["approve"])
+		require.Equal(t, tc.state, s.State, tc.wait)
+		require.True(t, s.CompletedAt.Equal(deadline), tc.wait)
+		if tc.output != nil {
+			require.NotNil(t, s.Output)
+			require.JSONEq(t, *tc.output, *s.Output)
+		} else {
+			var le map[string]any
+			require.NoError(t, json.Unmarshal([]byte(*s.LastError), &le))
+			require.Equal(t, "timeout", le["class"])
+			require.Equal(t, `no signal "s" within 1000 ms`, le["message"])
+		}
+		names := eventNames(b.events(ids["approve"]))
+		require.Contains(t, names, "wait.timed_out", tc.wait)
+		if tc.status == "error" {
+			b.requireStatus(taskID, "error")
+		} else {
+			require.NotEqual(t, "error", b.taskRow(taskID).Status)
+		}
+		// Too late: refused, the step is finished.
+		_, err := b.send(b.db.Pool, taskID, "s", `{}`, nil, deadline)
+		require.Equal(t, "55000", sqlState(err), tc.wait)
+	}
+}
+
+
+func TestSendSignalRefusals(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	taskID, ids := b.approvalTask(`{"signal": "approval"}`)
+	for _, tc := range []struct {
+		task    int64
+		name    string
+		payload string
+		state   string
+		msg     string
+	}{
+		{taskID + 1000, "approval", `{}`, "P0002", fmt.Sprintf(`task %d does not exist`, taskID+1000)},
+		{taskID, "nobody", `{}`, "55000", `no step of it that is not finished waits for "nobody"`},
+		{taskID, "", `{}`, "22023", "p_name must be a non-empty signal name"},
+		{taskID, strings.Repeat("n", 256), `{}`, "22023", "p_name must be at most 255 characters"},
+	} {
+		_, err := b.send(b.db.Pool, tc.task, tc.name, tc.payload, nil, testBase)
+		require.Equal(t, tc.state, sqlState(err), "%v", err)
+		require.Contains(t, err.Error(), tc.msg)
+	}
+	_, err := b.send(b.db.Pool, taskID, "approval", `{}`, ptr(""), testBase)
+	require.Equal(t, "22023", sqlState(err))
+	var id int64
+	err = b.db.Pool.QueryRow(b.ctx, `SELECT stepready.send_signal_to_key('no-such-key', 'approval')`).Scan(&id)
+	require.Equal(t, "P0002", sqlState(err))
+	require.Contains(t, err.Error(), `no task has idempotency key "no-such-key"`)
+
+	// A name only a finished step waited for.
+	b.runToComplete(ids["charge"], `{}`, testBase)
+	b.mustSend(taskID, "approval", `{"by": "cy"}`, testBase)
+	_, err = b.send(b.db.Pool, taskID, "approval", `{}`, nil, testBase)
+	require.Equal(t, "55000", sqlState(err))
+	require.Contains(t, err.Error(), `no step of it that is not finished waits for "approval"`)
+	// A finished task.
+	b.runToComplete(ids["ship"], `{}`, testBase)
+	b.requireStatus(taskID, "complete")
+	_, err = b.send(b.db.Pool, taskID, "approval", `{}`, nil, testBase)
+	require.Equal(t, "55000", sqlState(err))
+	require.Contains(t, err.Error(), "the task is complete")
+	// A cancelled task.
+	other, _ := b.approvalTask(`{"signal": "approval"}`)
+	b.exec(`SELECT stepready.cancel_task($1)`, other)
+	_, err = b.send(b.db.Pool, other, "approval", `{}`, nil, testBase)
+	require.Equal(t, "55000", sqlState(err))
+	require.Contains(t, err.Error(), "the task is cancelled")
+	require.Len(t, b.signals(other), 0, "nothing buffered")
+}
+
+func TestSendSignalToKeyAndIdempotency(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	var taskID int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.create_task($1::jsonb)`, `{"name": "k",
+		"idempotency_key": "order-7", "steps": [{"name": "a", "wait": {"signal": "paid"}},
+		{"name": "b", "wait": {"signal": "paid"}}]}`).Scan(&taskID))
+	var first, again int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+		`SELECT stepready.send_signal_to_key('order-7', 'paid', '{"n": 1}', 'evt-1', $1)`, testBase).Scan(&first))
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+		`SELECT stepready.send_signal_to_key('order-7', 'paid', '{"n": 2}', 'evt-1', $1)`, testBase).Scan(&again))
+	require.Equal(t, first, again, "a repeated key returns the first signal's id")
+	sigs := b.signals(taskID)
+	require.Len(t, sigs, 1)
+	require.JSONEq(t, `{"n": 1}`, sigs[0].Payload)
+	ids := b.stepIDs(taskID)
+	b.requireState(ids["a"], "complete")
+	b.requireState(ids["b"], "waiting")
+	// The key is per task: another task may use it.
+	other, _ := b.waitTask(`{"signal": "paid"}`, "")
+	third, err := b.send(b.db.Pool, other, "paid", `{}`, ptr("evt-1"), testBase)
+	require.NoError(t, err)
+	require.NotEqual(t, first, third)
+
+	// Concurrently: one signal, every caller gets its id.
+	const n = 8
+	got := make([]int64, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { got[i], errs[i] = b.send(b.db.Pool, taskID, "paid", `{"n": 3}`, ptr("evt-2"), testBase) })
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i])
+		require.Equal(t, got[0], got[i])
+	}
+	require.Len(t, b.signals(taskID), 2)
+	b.requireState(ids["b"], "complete")
+	// After the task finished, the key still answers with its id (a retried webhook), an unknown key is refused.
+	b.requireStatus(taskID, "complete")
+	id, err := b.send(b.db.Pool, taskID, "paid", `{}`, ptr("evt-2"), testBase)
+	require.NoError(t, err)
+	require.Equal(t, got[0], id)
+	_, err = b.send(b.db.Pool, taskID, "paid", `{}`, ptr("evt-3"), testBase)
+	require.Equal(t, "55000", sqlState(err))
+}
+
+func TestSignalPayloads(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	var maxBytes int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx,
+		`SELECT value::text::int FROM stepready.settings WHERE name = 'max_output_bytes'`).Scan(&maxBytes))
+	big := func(size int) string { // a JSON string whose text is exactly size bytes
+		return `"` + strings.Repeat("x", size-2) + `"`
+	}
+	for _, payload := range []string{
+		`{"quote": "she said \"yes\"", "backslash": "a\\b", "sql": "'; DROP TABLE x; --"}`,
+		`{"unicode": "äöü ✓ 日本 🎉", "escaped": "\u00e9"}`,
+		`null`, `[1, 2, 3]`, `"text"`,
+		big(maxBytes),
+	} {
+		taskID, w := b.waitTask(`{"signal": "s"}`, "")
+		b.mustSend(taskID, "s", payload, testBase)
+		s := b.step(w)
+		require.Equal(t, "complete", s.State)
+		require.JSONEq(t, payload, *s.Output)
+	}
+	taskID, w := b.waitTask(`{"signal": "s"}`, "")
+	_, err := b.send(b.db.Pool, taskID, "s", big(maxBytes+1), nil, testBase)
+	require.Equal(t, "54000", sqlState(err))
+	require.Contains(t, err.Error(), fmt.Sprintf("payload is %d bytes, over the limit of %d bytes", maxBytes+1, maxBytes))
+	b.requireState(w, "waiting")
+	require.Empty(t, b.signals(taskID))
+	// SQL NULL is the empty object (the column's default).
+	var id int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.send_signal($1, 's', NULL)`, taskID).Scan(&id))
+	require.JSONEq(t, `{}`, *b.step(w).Output)
+}
+
 // Keep the imports used while the file grows.
 var _ = json.Marshal
 var _ = fmt.Sprintf
