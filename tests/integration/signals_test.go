@@ -510,6 +510,229 @@ func TestSignalPayloads(t *testing.T) {
 	require.JSONEq(t, `{}`, *b.step(w).Output)
 }
 
+// waitForLock polls pg_stat_activity until a backend other than the test's waits on an advisory lock while
+// running a statement that contains what, or fails at the deadline.
+func (b *lifecycleBundle) waitForLock(what string) {
+	b.t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		var n int
+		require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM pg_catalog.pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'
+			  AND strpos(query, $1) > 0`, what).Scan(&n))
+		if n > 0 {
+			return
+		}
+		require.True(b.t, time.Now().Before(deadline), "nobody waited on the mailbox lock running %q", what)
+		select {
+		case <-b.ctx.Done():
+			b.t.FailNow()
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+// requireDeliveredOnce checks that step got exactly one signal, the task's only one of that name, with payload.
+func (b *lifecycleBundle) requireDeliveredOnce(taskID, stepID int64, payload string) {
+	b.t.Helper()
+	s := b.step(stepID)
+	require.Equal(b.t, "complete", s.State)
+	require.JSONEq(b.t, payload, *s.Output)
+	sigs := b.signals(taskID)
+	require.Len(b.t, sigs, 1)
+	require.NotNil(b.t, sigs[0].ConsumedBy)
+	require.Equal(b.t, stepID, *sigs[0].ConsumedBy)
+	var completed int
+	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM stepready.step_events
+		WHERE task_id = $1 AND step_id = $2 AND event = 'step.completed'`, taskID, stepID).Scan(&completed))
+	require.Equal(b.t, 1, completed)
+}
+
+// The race matrix (RELIABILITY #14): the step's own transition to `waiting` and a sender in two concurrent
+// transactions, each order held open on purpose at the lock, then released.
+func TestSignalRacesTheTransitionToWaiting(t *testing.T) {
+	t.Parallel()
+
+	t.Run("transition holds the lock, then the sender", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, ids := b.approvalTask(`{"signal": "approval"}`)
+		attempt := b.run(ids["charge"], testBase)
+		tx, err := b.db.Pool.Begin(b.ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(b.ctx) }()
+		var ok bool
+		require.NoError(t, tx.QueryRow(b.ctx, `SELECT stepready.complete_step($1, $2, '{}', $3)`, ids["charge"],
+			attempt, testBase).Scan(&ok))
+		require.True(t, ok)
+		done := make(chan error, 1)
+		go func() {
+			_, err := b.send(b.db.Pool, taskID, "approval", `{"by": "race-1"}`, nil, testBase)
+			done <- err
+		}()
+		b.waitForLock("send_signal")
+		require.NoError(t, tx.Commit(b.ctx))
+		require.NoError(t, <-done)
+		b.requireDeliveredOnce(taskID, ids["approve"], `{"by": "race-1"}`)
+	})
+
+	t.Run("sender holds the lock, then the transition", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, ids := b.approvalTask(`{"signal": "approval"}`)
+		attempt := b.run(ids["charge"], testBase)
+		tx, err := b.db.Pool.Begin(b.ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(b.ctx) }()
+		_, err = b.send(tx, taskID, "approval", `{"by": "race-2"}`, nil, testBase)
+		require.NoError(t, err)
+		done := make(chan bool, 1)
+		go func() { done <- b.complete(ids["charge"], attempt, `{}`, testBase) }()
+		b.waitForLock("complete_step")
+		require.NoError(t, tx.Commit(b.ctx))
+		require.True(t, <-done)
+		b.requireDeliveredOnce(taskID, ids["approve"], `{"by": "race-2"}`)
+	})
+
+	t.Run("sender rolls back", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, ids := b.approvalTask(`{"signal": "approval"}`)
+		attempt := b.run(ids["charge"], testBase)
+		tx, err := b.db.Pool.Begin(b.ctx)
+		require.NoError(t, err)
+		_, err = b.send(tx, taskID, "approval", `{"by": "gone"}`, nil, testBase)
+		require.NoError(t, err)
+		done := make(chan bool, 1)
+		go func() { done <- b.complete(ids["charge"], attempt, `{}`, testBase) }()
+		b.waitForLock("complete_step")
+		require.NoError(t, tx.Rollback(b.ctx))
+		require.True(t, <-done)
+		b.requireState(ids["approve"], "waiting")
+		require.Empty(t, b.signals(taskID))
+	})
+
+	t.Run("timer and sender at the deadline", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, ids := b.approvalTask(`{"signal": "approval", "timeout_ms": 1000}`)
+		b.runToComplete(ids["charge"], `{}`, testBase)
+		deadline := testBase.Add(time.Second)
+		tx, err := b.db.Pool.Begin(b.ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(b.ctx) }()
+		_, err = b.send(tx, taskID, "approval", `{"by": "just in time"}`, nil, deadline.Add(-tick))
+		require.NoError(t, err)
+		// The claim at the deadline does not wait for the sender and does not time the step out under it.
+		require.Empty(t, b.claim(10, deadline))
+		require.NoError(t, tx.Commit(b.ctx))
+		b.requireDeliveredOnce(taskID, ids["approve"], `{"by": "just in time"}`)
+		require.NotContains(t, eventNames(b.events(ids["approve"])), "wait.timed_out")
+	})
+}
+
+// manyWaiters creates a task with a root step and m wait steps for signal "go" after it.
+func (b *lifecycleBundle) manyWaiters(m int) (int64, int64, []int64) {
+	b.t.Helper()
+	steps := []string{`{"name": "root", "handler": "h"}`}
+	for i := range m {
+		steps = append(steps, fmt.Sprintf(`{"name": "w%d", "wait": {"signal": "go"}, "depends_on": ["root"]}`, i))
+	}
+	taskID, ids := b.task(`{"name": "many", "steps": [` + strings.Join(steps, ", ") + `]}`)
+	waiters := make([]int64, m)
+	for i := range m {
+		waiters[i] = ids[fmt.Sprintf("w%d", i)]
+	}
+	return taskID, ids["root"], waiters
+}
+
+// sendConcurrently sends n signals "go" at once (payload {"n": i}) and returns how many were accepted and the
+// SQLSTATEs of the refusals.
+func (b *lifecycleBundle) sendConcurrently(taskID int64, n int) (int, []string) {
+	b.t.Helper()
+	errs := make([]error, n)
+	start := make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() {
+			<-start
+			_, errs[i] = b.send(b.db.Pool, taskID, "go", fmt.Sprintf(`{"n": %d}`, i), nil, testBase)
+		})
+	}
+	close(start)
+	wg.Wait()
+	ok := 0
+	var refused []string
+	for _, err := range errs {
+		if err == nil {
+			ok++
+		} else {
+			refused = append(refused, sqlState(err))
+		}
+	}
+	return ok, refused
+}
+
+// requireEachGotOne checks that every waiter completed with its own signal: m signals, each consumed by exactly
+// one waiter, each waiter's output its signal's payload.
+func (b *lifecycleBundle) requireEachGotOne(taskID int64, waiters []int64) {
+	b.t.Helper()
+	sigs := b.signals(taskID)
+	require.Len(b.t, sigs, len(waiters))
+	byStep := map[int64]signalRow{}
+	for _, g := range sigs {
+		require.NotNil(b.t, g.ConsumedBy, "signal %d unconsumed", g.ID)
+		_, dup := byStep[*g.ConsumedBy]
+		require.False(b.t, dup, "step %d consumed two signals", *g.ConsumedBy)
+		byStep[*g.ConsumedBy] = g
+	}
+	for _, w := range waiters {
+		g, ok := byStep[w]
+		require.True(b.t, ok, "step %d got no signal", w)
+		s := b.step(w)
+		require.Equal(b.t, "complete", s.State)
+		require.JSONEq(b.t, g.Payload, *s.Output)
+	}
+}
+
+func TestSeveralSendersAtOnce(t *testing.T) {
+	t.Parallel()
+	const m, n = 3, 8
+
+	t.Run("steps waiting", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, root, waiters := b.manyWaiters(m)
+		b.runToComplete(root, `{}`, testBase)
+		for _, w := range waiters {
+			b.requireState(w, "waiting")
+		}
+		ok, refused := b.sendConcurrently(taskID, n)
+		require.Equal(t, m, ok)
+		require.Len(t, refused, n-m)
+		for _, st := range refused {
+			require.Equal(t, "55000", st)
+		}
+		b.requireEachGotOne(taskID, waiters)
+	})
+
+	t.Run("steps not waiting yet", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, root, waiters := b.manyWaiters(m)
+		ok, refused := b.sendConcurrently(taskID, n)
+		require.Equal(t, m, ok, "buffered: one per step that will read one")
+		require.Len(t, refused, n-m)
+		b.runToComplete(root, `{}`, testBase)
+		b.requireEachGotOne(taskID, waiters)
+		// Oldest signal to the oldest step.
+		sigs := b.signals(taskID)
+		for i, g := range sigs {
+			require.Equal(t, waiters[i], *g.ConsumedBy)
+		}
+	})
+}
+
 // Keep the imports used while the file grows.
 var _ = json.Marshal
 var _ = fmt.Sprintf
