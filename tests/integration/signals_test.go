@@ -733,6 +733,196 @@ func TestSeveralSendersAtOnce(t *testing.T) {
 	})
 }
 
+func TestOperatorsOnWaitingSteps(t *testing.T) {
+	t.Parallel()
+
+	t.Run("cancel_task ends a waiting step", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, w := b.waitTask(`{"signal": "s", "timeout_ms": 1000}`, "")
+		b.requireState(w, "waiting")
+		require.Equal(t, 2, b.intCall(`SELECT stepready.cancel_task($1, 'no longer needed', $2)`, taskID, testBase))
+		b.requireState(w, "cancelled")
+		// The timer finds nothing to end; a signal is refused.
+		require.Nil(t, b.nextClaimAt(testBase))
+		b.claim(10, testBase.Add(time.Hour))
+		b.requireState(w, "cancelled")
+		_, err := b.send(b.db.Pool, taskID, "s", `{}`, nil, testBase)
+		require.Equal(t, "55000", sqlState(err))
+	})
+
+	t.Run("resolve_step completes it with the given output", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, ids := b.approvalTask(`{"signal": "approval"}`)
+		b.runToComplete(ids["charge"], `{}`, testBase)
+		require.True(t, b.boolCall(`SELECT stepready.resolve_step($1, '{"by": "operator"}', $2)`, ids["approve"], testBase))
+		s := b.step(ids["approve"])
+		require.Equal(t, "resolved_manually", s.State)
+		require.JSONEq(t, `{"by": "operator"}`, *s.Output)
+		rows := b.mapClaimStart(10, testBase)
+		require.Len(t, rows, 1)
+		require.JSONEq(t, `{"who": "operator"}`, rows[0].Input)
+		_, err := b.send(b.db.Pool, taskID, "approval", `{}`, nil, testBase)
+		require.Equal(t, "55000", sqlState(err), "nobody waits any more")
+	})
+
+	t.Run("reset_task makes a failed wait wait afresh for a new signal", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, ids := b.approvalTask(`{"signal": "approval", "timeout_ms": 1000}`)
+		b.runToComplete(ids["charge"], `{}`, testBase)
+		b.claim(10, testBase.Add(time.Second))
+		b.requireState(ids["approve"], "error")
+		b.requireStatus(taskID, "error")
+		later := testBase.Add(time.Hour)
+		require.Equal(t, 1, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, later))
+		s := b.step(ids["approve"])
+		require.Equal(t, "waiting", s.State)
+		require.Equal(t, 1, s.Attempts)
+		require.True(t, b.waitUntil(ids["approve"]).Equal(later.Add(time.Second)), "the timeout runs from the reset")
+		b.requireStatus(taskID, "in_progress")
+		b.mustSend(taskID, "approval", `{"by": "second"}`, later)
+		b.requireDeliveredOnce(taskID, ids["approve"], `{"by": "second"}`)
+	})
+
+	t.Run("reset_task after a delivery: the consumed signal stays consumed", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, ids := b.approvalTask(`{"signal": "approval"}`)
+		b.runToComplete(ids["charge"], `{}`, testBase)
+		first := b.mustSend(taskID, "approval", `{"by": "first"}`, testBase)
+		// ship fails for good; the reset puts it back, not the completed wait.
+		attempt := b.run(ids["ship"], testBase)
+		b.fail(ids["ship"], attempt, `{"class": "permanent"}`, testBase, 0)
+		b.requireStatus(taskID, "error")
+		require.Equal(t, 1, b.intCall(`SELECT stepready.reset_task($1, $2)`, taskID, testBase))
+		b.requireState(ids["approve"], "complete")
+		sigs := b.signals(taskID)
+		require.Len(t, sigs, 1)
+		require.Equal(t, first, sigs[0].ID)
+		require.Equal(t, ids["approve"], *sigs[0].ConsumedBy)
+	})
+
+	t.Run("retry_step_now on a timed out wait waits again", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, ids := b.approvalTask(`{"duration_ms": 0}`)
+		b.exec(`UPDATE stepready.steps SET wait = '{"signal": "s", "timeout_ms": 10}' WHERE id = $1`, ids["approve"])
+		b.runToComplete(ids["charge"], `{}`, testBase)
+		b.claim(10, testBase.Add(time.Second))
+		b.requireState(ids["approve"], "error")
+		require.True(t, b.boolCall(`SELECT stepready.retry_step_now($1, $2)`, ids["approve"], testBase.Add(time.Hour)))
+		b.requireState(ids["approve"], "waiting")
+		b.mustSend(taskID, "s", `{"by": "x"}`, testBase.Add(time.Hour))
+		b.requireState(ids["approve"], "complete")
+		// A waiting step is not retried by hand: it waits.
+		_, w := b.waitTask(`{"signal": "s"}`, "")
+		err := b.callErr(`SELECT stepready.retry_step_now($1)`, w)
+		require.Equal(t, "55000", sqlState(err))
+		require.Contains(t, err.Error(), "it is waiting")
+	})
+
+	t.Run("pause holds the dependents, not the clock", func(t *testing.T) {
+		t.Parallel()
+		b := lifecycleSetup(t)
+		taskID, w := b.waitTask(`{"duration_ms": 1000}`, "")
+		require.True(t, b.boolCall(`SELECT stepready.pause_task($1)`, taskID))
+		_, reason := b.readiness(w, testBase)
+		require.Equal(t, "task_paused", *reason)
+		require.Empty(t, b.claim(10, testBase.Add(time.Hour)))
+		b.requireState(w, "complete")
+		after := b.stepIDs(taskID)["after"]
+		_, reason = b.readiness(after, testBase.Add(time.Hour))
+		require.Equal(t, "task_paused", *reason)
+	})
+}
+
+func TestWaitStepsNeverReachAWorker(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	// Wait steps waiting, and one whose handler column reads "wait" like theirs: only the latter is claimed, by
+	// every claim function, filtered or not.
+	b.waitTask(`{"signal": "s"}`, "")
+	b.waitTask(`{"until": "2100-01-01T00:00:00Z"}`, "")
+	_, real := b.oneStep("")
+	b.exec(`UPDATE stepready.steps SET handler = 'wait' WHERE id = $1`, real)
+	var ids []int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT array_agg(step_id) FROM stepready.claim_ready_steps(10, 'w',
+		60000, $1, NULL, ARRAY['wait'])`, testBase).Scan(&ids))
+	require.Equal(t, []int64{real}, ids)
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT COALESCE(array_agg(step_id), '{}')
+		FROM stepready.claim_and_start_steps(10, 'w', 60000, $1, ARRAY['default'], ARRAY['wait'])`, testBase).Scan(&ids))
+	require.Empty(t, ids)
+	var n int
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT count(*) FROM stepready.steps
+		WHERE state = 'waiting' AND lease_owner IS NULL`).Scan(&n))
+	require.Equal(t, 2, n)
+}
+
+func TestRetentionPrunesSignalsWithTheirTask(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	taskID, ids := b.approvalTask(`{"signal": "approval"}`)
+	b.mustSend(taskID, "approval", `{"by": "x"}`, testBase)
+	b.runToComplete(ids["charge"], `{}`, testBase)
+	b.runToComplete(ids["ship"], `{}`, testBase)
+	b.requireStatus(taskID, "complete")
+	keep, _ := b.waitTask(`{"signal": "s"}`, "")
+	b.mustSend(keep, "s", `{}`, testBase)
+	require.Equal(t, 1, b.intCall(`SELECT stepready.prune_tasks($1)`, testBase.Add(time.Hour)))
+	require.Empty(t, b.signals(taskID))
+	require.Len(t, b.signals(keep), 1)
+}
+
+func TestSignalRoles(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	conns := map[string]*pgx.Conn{}
+	for _, group := range []string{"stepready_client", "stepready_operator", "stepready_worker", "stepready_reader"} {
+		taskID, w := b.waitTask(`{"signal": "s"}`, "")
+		conn := roleConn(t, b.db, group)
+		conns[group] = conn
+		_, err := b.send(conn, taskID, "s", `{"from": "`+group+`"}`, nil, testBase)
+		if group == "stepready_client" || group == "stepready_operator" {
+			require.NoError(t, err, group)
+			b.requireState(w, "complete")
+			var n int
+			require.NoError(t, conn.QueryRow(b.ctx, `SELECT count(*) FROM stepready.signals WHERE task_id = $1`,
+				taskID).Scan(&n), group)
+			require.Equal(t, 1, n)
+		} else {
+			require.Equal(t, "42501", sqlState(err), "%s: %v", group, err)
+		}
+		_, err = conn.Exec(b.ctx, `UPDATE stepready.signals SET consumed_by = NULL`)
+		require.Equal(t, "42501", sqlState(err), group)
+	}
+	// A client's plain INSERT of a wait step: it starts waiting at commit (the trigger writes as its owner).
+	tx, err := conns["stepready_client"].Begin(b.ctx)
+	require.NoError(t, err)
+	var taskID, w int64
+	require.NoError(t, tx.QueryRow(b.ctx, `INSERT INTO stepready.tasks (name) VALUES ('p') RETURNING id`).Scan(&taskID))
+	require.NoError(t, tx.QueryRow(b.ctx, `INSERT INTO stepready.steps (task_id, name, wait)
+		VALUES ($1, 'w', '{"duration_ms": 5}') RETURNING id`, taskID).Scan(&w))
+	require.NoError(t, tx.Commit(b.ctx))
+	b.requireState(w, "waiting")
+	// A worker's completion that starts a signal wait reads the mailbox (definer), and its claims fire timers.
+	worker := conns["stepready_worker"]
+	taskID2, ids := b.approvalTask(`{"signal": "approval", "timeout_ms": 5}`)
+	b.mustSend(taskID2, "approval", `{"by": "w"}`, testBase)
+	var rows []int64
+	require.NoError(t, worker.QueryRow(b.ctx, `SELECT array_agg(step_id) FROM stepready.claim_and_start_steps(10, 'w',
+		60000, $1)`, testBase).Scan(&rows))
+	var ok bool
+	require.NoError(t, worker.QueryRow(b.ctx, `SELECT stepready.complete_step($1, 1, '{}', $2)`, ids["charge"],
+		testBase).Scan(&ok))
+	require.True(t, ok)
+	b.requireState(ids["approve"], "complete")
+	require.NoError(t, worker.QueryRow(b.ctx, `SELECT count(*) FROM stepready.claim_ready_steps(10, 'w', 60000, $1)`,
+		testBase.Add(time.Minute)).Scan(new(int)))
+	b.requireState(w, "complete")
+}
+
 // Keep the imports used while the file grows.
 var _ = json.Marshal
 var _ = fmt.Sprintf
