@@ -185,6 +185,9 @@ BEGIN
        FOR UPDATE;
     WITH c AS (
         SELECT s.id, s.wait, s.state AS from_state, r.value AS r_value, r.problem AS r_problem,
+               -- A delayed task (SPEC §15) starts its clocks at run_at: a sleep or a timeout counts from the later
+               -- of the moment the wait begins and the task's run_at.
+               GREATEST(p_at, (SELECT t.run_at FROM stepready.tasks t WHERE t.id = s.task_id)) AS clock,
                r.value IS NOT NULL OR r.problem IS NOT NULL AS is_ref
           FROM stepready.steps s
           -- The subquery's filter on the outer row skips the resolution for every wait but an `until` reference.
@@ -198,8 +201,8 @@ BEGIN
            AND s.pending_parents = 0
     ), d AS (
         SELECT c.id, c.from_state,
-               CASE WHEN c.wait ? 'signal' THEN p_at + (c.wait ->> 'timeout_ms')::bigint * interval '1 millisecond'
-                    WHEN c.wait ? 'duration_ms' THEN p_at + (c.wait ->> 'duration_ms')::bigint * interval '1 millisecond'
+               CASE WHEN c.wait ? 'signal' THEN c.clock + (c.wait ->> 'timeout_ms')::bigint * interval '1 millisecond'
+                    WHEN c.wait ? 'duration_ms' THEN c.clock + (c.wait ->> 'duration_ms')::bigint * interval '1 millisecond'
                     WHEN NOT c.is_ref THEN stepready._rfc3339(c.wait ->> 'until')
                     WHEN c.r_problem IS NULL AND jsonb_typeof(c.r_value) = 'string'
                         THEN stepready._rfc3339(c.r_value #>> '{}') END AS until,

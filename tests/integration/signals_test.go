@@ -973,3 +973,19 @@ func TestTimersReadOnlyWhatIsDue(t *testing.T) {
 	require.Zero(t, after["steps_waiting_signal_idx"]-before["steps_waiting_signal_idx"])
 	require.Less(t, after["steps_wait_due_idx"]-before["steps_wait_due_idx"], int64(10))
 }
+
+// A delayed task's clocks start at its run_at (SPEC §15): a wait step with no parents starts waiting when the task
+// is created, but its sleep and its signal timeout count from run_at, not from the creation.
+func TestWaitClocksOfADelayedTaskStartAtRunAt(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	runAt := testBase.Add(24 * time.Hour)
+	_, ids := b.task(fmt.Sprintf(`{"name": "later", "run_at": %q, "steps": [
+		{"name": "nap", "wait": {"duration_ms": 1000}},
+		{"name": "approve", "wait": {"signal": "ok", "timeout_ms": 2000}},
+		{"name": "after", "handler": "h", "depends_on": ["nap", "approve"]}]}`, runAt.Format(time.RFC3339Nano)))
+	b.requireState(ids["nap"], "waiting")
+	require.True(t, b.waitUntil(ids["nap"]).Equal(runAt.Add(time.Second)), "sleep: %v", b.waitUntil(ids["nap"]))
+	require.True(t, b.waitUntil(ids["approve"]).Equal(runAt.Add(2*time.Second)),
+		"timeout: %v", b.waitUntil(ids["approve"]))
+}
