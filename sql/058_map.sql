@@ -103,6 +103,8 @@ DECLARE
     v_tasks       bigint[] := '{}';
     v_n      int;
     v_key_problem text;
+    v_ckeys       text[];
+    v_rkeys       text[];
 BEGIN
     SELECT array_agg(s.id ORDER BY s.id) INTO v_maps
       FROM stepready.steps s
@@ -144,17 +146,24 @@ BEGIN
          ORDER BY c.id
     LOOP
         v_key_problem := NULL;
+        v_ckeys := NULL;
+        v_rkeys := NULL;
         IF r.problem IS NULL AND jsonb_typeof(r.over) = 'array'
            AND (strpos(r.concurrency_key, '${') > 0 OR strpos(r.rate_key, '${') > 0) THEN
-            -- Every element's keys, checked before any element is written: the first that does not resolve, in
-            -- element order, fails the map step (its CHECK constraints would otherwise abort the whole claim).
-            SELECT COALESCE('concurrency.key: ' || ck.problem, 'rate_limit.key: ' || rk.problem) INTO v_key_problem
+            -- Every element's keys (SPEC §19), computed once, in element order, before any element is written: the
+            -- first that does not resolve fails the map step (its CHECK constraints would otherwise abort the whole
+            -- claim); else the INSERT below reads them by position (a PL/pgSQL array variable is kept expanded, so
+            -- each subscript is O(1)).
+            SELECT array_agg(ck.value ORDER BY e.o), array_agg(rk.value ORDER BY e.o),
+                   (array_agg(COALESCE('concurrency.key: ' || ck.problem, 'rate_limit.key: ' || rk.problem) ORDER BY e.o)
+                        FILTER (WHERE ck.problem IS NOT NULL OR rk.problem IS NOT NULL))[1]
+              INTO v_ckeys, v_rkeys, v_key_problem
               FROM jsonb_array_elements(r.over) WITH ORDINALITY AS e(v, o)
-             CROSS JOIN LATERAL stepready._flow_element_key(r.concurrency_key, e.v, (e.o - 1)::int) ck
-             CROSS JOIN LATERAL stepready._flow_element_key(r.rate_key, e.v, (e.o - 1)::int) rk
-             WHERE ck.problem IS NOT NULL OR rk.problem IS NOT NULL
-             ORDER BY e.o
-             LIMIT 1;
+             -- A key without placeholders is not looked at (a one-time filter: no call per element).
+             LEFT JOIN LATERAL (SELECT k.* FROM stepready._flow_element_key(r.concurrency_key, e.v, (e.o - 1)::int) k
+                                 WHERE strpos(r.concurrency_key, '${') > 0) ck ON true
+             LEFT JOIN LATERAL (SELECT k.* FROM stepready._flow_element_key(r.rate_key, e.v, (e.o - 1)::int) k
+                                 WHERE strpos(r.rate_key, '${') > 0) rk ON true;
         END IF;
         IF v_key_problem IS NOT NULL THEN
             v_fail_ids := v_fail_ids || r.id;
@@ -190,13 +199,9 @@ BEGIN
                    -- the window: elements past the first max_in_flight are held out of the claim index
                    CASE WHEN e.o > COALESCE((r.map ->> 'max_in_flight')::int, 2147483647) THEN 1 ELSE 0 END,
                    false, m.task_priority,
-                   CASE WHEN strpos(m.concurrency_key, '${') > 0
-                        THEN (stepready._flow_element_key(m.concurrency_key, e.v, (e.o - 1)::int)).value
-                        ELSE m.concurrency_key END,
+                   CASE WHEN strpos(m.concurrency_key, '${') > 0 THEN v_ckeys[e.o] ELSE m.concurrency_key END,
                    m.concurrency_limit,
-                   CASE WHEN strpos(m.rate_key, '${') > 0
-                        THEN (stepready._flow_element_key(m.rate_key, e.v, (e.o - 1)::int)).value
-                        ELSE m.rate_key END,
+                   CASE WHEN strpos(m.rate_key, '${') > 0 THEN v_rkeys[e.o] ELSE m.rate_key END,
                    m.rate_limit, m.rate_period_ms, m.id, e.v, (e.o - 1)::int
               FROM stepready.steps m
              CROSS JOIN LATERAL jsonb_array_elements(r.over) WITH ORDINALITY AS e(v, o)
