@@ -9,6 +9,7 @@ package integration
 import (
 	"encoding/json"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"time"
@@ -308,4 +309,59 @@ func requireMessagePrefix(t *testing.T, messages []string, prefix string) {
 		}
 	}
 	require.Failf(t, "no message with this prefix", "%q in %q", prefix, messages)
+}
+
+// TestFlowKeyPlaceholdersRandom drives the one parser of key placeholders (_flow_substitute, sql/047_flow.sql)
+// with 400 keys built from the pieces placeholders are made of (a fixed seed), in its three uses: a step's key at
+// creation, a map step's key at creation, an element's key at fan-out. For every key:
+//   - nothing raises: each use answers a value or a problem, never both;
+//   - a key accepted for a step is accepted for a map step, with the same value (a map step only keeps more);
+//   - a key accepted for a map step has, at fan-out, either a problem or a value without `${` (every placeholder
+//     is substituted, and the element's values here hold none), and a map step's key that kept no placeholder is
+//     the element's as it is.
+func TestFlowKeyPlaceholdersRandom(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	pieces := []string{"${", "}", "element", "index", "context", "input", ".", "host", "a", "0", "$", ":", "x",
+		"${element}", "${element.host}", "${index}", "${context.t}", "${input.a.0}", "{", ""}
+	rnd := rand.New(rand.NewPCG(21, 19))
+	const (
+		context_ = `{"t": "acme", "o": {"k": 1}}`
+		input    = `{"a": ["p", {"b": 2}], "n": null}`
+		element  = `{"host": "h", "a": [7], "o": {}}`
+	)
+	type result struct{ Value, Problem *string }
+	for range 400 {
+		var sb strings.Builder
+		for range 1 + rnd.IntN(6) {
+			sb.WriteString(pieces[rnd.IntN(len(pieces))])
+		}
+		key := sb.String()
+		var step, mapStep, elem result
+		require.NoError(t, b.db.Pool.QueryRow(b.ctx, `
+			SELECT s.value, s.problem, m.value, m.problem, e.value, e.problem
+			  FROM stepready._flow_substitute($1, $2::jsonb, $3::jsonb) s,
+			       stepready._flow_substitute($1, $2::jsonb, $3::jsonb, true) m
+			  LEFT JOIN LATERAL stepready._flow_substitute(m.value, NULL, NULL, true, $4::jsonb, 3) e ON true`,
+			key, context_, input, element).Scan(&step.Value, &step.Problem, &mapStep.Value, &mapStep.Problem,
+			&elem.Value, &elem.Problem), "key %q", key)
+		for _, r := range []result{step, mapStep} {
+			require.True(t, (r.Value == nil) != (r.Problem == nil), "key %q: value or problem: %+v", key, r)
+		}
+		if step.Problem == nil {
+			require.Nil(t, mapStep.Problem, "key %q: accepted for a step, refused for a map step: %s", key,
+				deref(mapStep.Problem))
+			require.Equal(t, step.Value, mapStep.Value, "key %q", key)
+		}
+		if mapStep.Value == nil {
+			continue
+		}
+		require.True(t, (elem.Value == nil) != (elem.Problem == nil), "key %q: element: %+v", key, elem)
+		if elem.Value != nil {
+			require.NotContains(t, *elem.Value, "${", "key %q: every placeholder substituted", key)
+		}
+		if !strings.Contains(*mapStep.Value, "${") {
+			require.Equal(t, mapStep.Value, elem.Value, "key %q: nothing kept, nothing to substitute", key)
+		}
+	}
 }
