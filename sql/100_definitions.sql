@@ -271,19 +271,20 @@ AS $$
         CASE WHEN p_step ->> 'queue' <> 'default' THEN p_where || ': queue: ' || stepready._queue_problem(p_step ->> 'queue') END,
         p_where || ': priority: ' || stepready._integer_problem(p_step -> 'priority', -2147483648, 2147483647),
         p_where || ': breaker_limit: ' || stepready._integer_problem(p_step -> 'breaker_limit', 0, 2147483647),
-        -- The step's own flow control, else its task's, with the placeholders of its key resolved.
+        -- The step's own flow control, else its task's, with the placeholders of its key resolved (a map step's
+        -- ${element…} and ${index} are checked and kept: SPEC §19).
         CASE WHEN p_step ? 'concurrency' OR p_definition ? 'concurrency' THEN stepready._flow_problem(
             COALESCE(NULLIF(p_step -> 'concurrency', 'null'), p_definition -> 'concurrency'), 'concurrency',
             p_where || ': concurrency'
                 || CASE WHEN NULLIF(p_step -> 'concurrency', 'null') IS NULL THEN ' (the task''s)' ELSE '' END,
             COALESCE(NULLIF(p_definition -> 'context', 'null'), '{}'),
-            COALESCE(NULLIF(p_step -> 'input', 'null'), '{}')) END,
+            COALESCE(NULLIF(p_step -> 'input', 'null'), '{}'), p_step ? 'map') END,
         CASE WHEN p_step ? 'rate_limit' OR p_definition ? 'rate_limit' THEN stepready._flow_problem(
             COALESCE(NULLIF(p_step -> 'rate_limit', 'null'), p_definition -> 'rate_limit'), 'rate_limit',
             p_where || ': rate_limit'
                 || CASE WHEN NULLIF(p_step -> 'rate_limit', 'null') IS NULL THEN ' (the task''s)' ELSE '' END,
             COALESCE(NULLIF(p_definition -> 'context', 'null'), '{}'),
-            COALESCE(NULLIF(p_step -> 'input', 'null'), '{}')) END,
+            COALESCE(NULLIF(p_step -> 'input', 'null'), '{}'), p_step ? 'map') END,
         p_where || stepready._step_depends_on_problem(p_step -> 'depends_on'),
         -- SPEC §18: references in the input (sql/019_dataflow.sql); ${deps.NAME} must name a direct parent.
         CASE WHEN strpos((p_step -> 'input')::text, '${') > 0 THEN p_where || ': ' || stepready._input_refs_problem(
@@ -758,20 +759,22 @@ BEGIN
                    s.timeout_ms::bigint, COALESCE(s.on_exhausted, 'fail_task'), s.rules, s.max_iterations::int,
                    COALESCE(s.collect, 'replace'), COALESCE(s.queue, 'default'), COALESCE(s.priority::int, 0),
                    COALESCE(s.breaker_limit::int, 3), COALESCE(jsonb_array_length(s.depends_on), 0), t.priority,
-                   -- SPEC §14, sql/047_flow.sql.
+                   -- SPEC §14, sql/047_flow.sql (a map step keeps ${element…} and ${index} for its elements).
                    CASE WHEN strpos(f.fc ->> 'key', '${') > 0
-                        THEN (stepready._flow_substitute(f.fc ->> 'key', t.context, COALESCE(s.input, '{}'))).value
+                        THEN (stepready._flow_substitute(f.fc ->> 'key', t.context, COALESCE(s.input, '{}'),
+                                                          s.map IS NOT NULL)).value
                         ELSE f.fc ->> 'key' END,
                    (f.fc ->> 'limit')::numeric::int,
                    CASE WHEN strpos(f.fr ->> 'key', '${') > 0
-                        THEN (stepready._flow_substitute(f.fr ->> 'key', t.context, COALESCE(s.input, '{}'))).value
+                        THEN (stepready._flow_substitute(f.fr ->> 'key', t.context, COALESCE(s.input, '{}'),
+                                                          s.map IS NOT NULL)).value
                         ELSE f.fr ->> 'key' END,
                    (f.fr ->> 'limit')::numeric::int, (f.fr ->> 'period_ms')::numeric::bigint
               FROM t
              CROSS JOIN LATERAL ROWS FROM (jsonb_to_recordset(t.steps) AS (
                     name text, handler text, input jsonb, depends_on jsonb, retry jsonb, timeout_ms numeric,
                     on_exhausted text, rules jsonb, max_iterations numeric, collect text, queue text, priority numeric,
-                    breaker_limit numeric, concurrency jsonb, rate_limit jsonb)) WITH ORDINALITY AS s
+                    breaker_limit numeric, concurrency jsonb, rate_limit jsonb, map jsonb)) WITH ORDINALITY AS s
              CROSS JOIN LATERAL (
                     SELECT CASE WHEN s.retry ->> 'policy' IS NOT NULL
                                 THEN (SELECT to_jsonb(p) FROM stepready.retry_policies p
