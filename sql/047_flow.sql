@@ -8,10 +8,20 @@
 -- the step is inserted). Its fairness key, flow_key, is its concurrency key, else its rate key, else '' (the one
 -- group of steps without a key).
 
--- Substitutes the ${context.PATH} and ${input.PATH} placeholders of a key (PATH: dot-separated, each part a JSON
--- object field or array index). A missing path, a non-scalar value or a malformed placeholder is a problem,
--- returned instead of the value (which is then NULL); a key without placeholders comes back as it is.
+-- Substitutes the placeholders of a key (PATH: dot-separated, each part a JSON object field or array index):
+--   ${context.PATH} and ${input.PATH}, from p_context and p_input (the task's context, the step's input as
+--   stored), in every step's key, substituted once when the step is inserted;
+--   ${element}, ${element.PATH} and ${index} (SPEC §19), only in a map step's key: with p_index NULL (the map
+--   step being inserted, p_map true) they are checked and kept as written, for the fan-out to substitute with
+--   each element (p_element, p_index: _map_fan_out). In any other step's key they are a problem.
+-- A missing path, a JSON null, a non-scalar value or a malformed or unknown placeholder is a problem, returned
+-- instead of the value (which is then NULL); so is a key that ends up empty, and, in a map step's key, a value
+-- holding `${` (its elements would read it as a placeholder). A key without placeholders comes back as it is.
+-- A substituted value is never read again for placeholders: an element's `${` stays text.
+DROP FUNCTION IF EXISTS stepready._flow_substitute(text, jsonb, jsonb); -- before it had no map or element
 CREATE OR REPLACE FUNCTION stepready._flow_substitute(p_key text, p_context jsonb, p_input jsonb,
+                                                      p_map bool DEFAULT false, p_element jsonb DEFAULT NULL,
+                                                      p_index int DEFAULT NULL,
                                                       OUT value text, OUT problem text)
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -38,16 +48,32 @@ BEGIN
             RETURN;
         END IF;
         v_ph := substr(v_rest, v_pos + 2, v_end - 3);
-        IF v_ph ~ '^context\.[^.]+(\.[^.]+)*$' THEN
-            v_root := p_context;
-        ELSIF v_ph ~ '^input\.[^.]+(\.[^.]+)*$' THEN
-            v_root := p_input;
+        v_path := string_to_array(v_ph, '.');
+        IF v_path[1] IN ('element', 'index') AND v_ph ~ '^(element(\.[^.]+)*|index)$' THEN
+            IF p_index IS NOT NULL THEN
+                -- An element at fan-out.
+                v_val := CASE WHEN v_path[1] = 'index' THEN to_jsonb(p_index) ELSE p_element #> v_path[2:] END;
+            ELSIF p_map THEN
+                -- The map step: kept as written, for its elements.
+                v_out := v_out || substr(v_rest, 1, v_pos + v_end - 1);
+                v_rest := substr(v_rest, v_pos + v_end);
+                CONTINUE;
+            ELSE
+                problem := format('placeholder "${%s}": only the elements of a map step have ${element} and ${index}',
+                                  v_ph);
+                RETURN;
+            END IF;
+        ELSIF v_path[1] = 'index' THEN
+            problem := format('placeholder "${%s}": ${index} has no path', v_ph);
+            RETURN;
+        ELSIF v_ph ~ '^(context|input)\.[^.]+(\.[^.]+)*$' THEN
+            v_root := CASE WHEN v_path[1] = 'context' THEN p_context ELSE p_input END;
+            v_val := v_root #> v_path[2:];
         ELSE
-            problem := format('placeholder "${%s}" must be ${context.PATH} or ${input.PATH}', v_ph);
+            problem := format('placeholder "${%s}" must be ${context.PATH} or ${input.PATH} (or, in a map step''s '
+                              'key, ${element}, ${element.PATH} or ${index})', v_ph);
             RETURN;
         END IF;
-        v_path := (string_to_array(v_ph, '.'))[2:];
-        v_val := v_root #> v_path;
         IF v_val IS NULL OR jsonb_typeof(v_val) = 'null' THEN
             problem := format('placeholder "${%s}": no value at that path', v_ph);
             RETURN;
@@ -55,6 +81,11 @@ BEGIN
         IF jsonb_typeof(v_val) IN ('object', 'array') THEN
             problem := format('placeholder "${%s}": must be a string, number or boolean, got %s', v_ph,
                               jsonb_typeof(v_val));
+            RETURN;
+        END IF;
+        IF p_map AND p_index IS NULL AND strpos(v_val #>> '{}', '${') > 0 THEN
+            problem := format('placeholder "${%s}": its value %s holds ${, which the elements of the map step would '
+                              'read as a placeholder', v_ph, stepready._shown(v_val #>> '{}'));
             RETURN;
         END IF;
         v_out := v_out || substr(v_rest, 1, v_pos - 1) || (v_val #>> '{}');
@@ -69,8 +100,11 @@ BEGIN
 END;
 $$;
 
--- A key with its placeholders substituted (_flow_substitute); a problem is a definition error naming p_where.
-CREATE OR REPLACE FUNCTION stepready._flow_resolve_key(p_key text, p_context jsonb, p_input jsonb, p_where text)
+-- A key with its placeholders substituted (_flow_substitute; p_map: the key of a map step, whose ${element…} and
+-- ${index} are kept); a problem is a definition error naming p_where.
+DROP FUNCTION IF EXISTS stepready._flow_resolve_key(text, jsonb, jsonb, text); -- before it had no p_map
+CREATE OR REPLACE FUNCTION stepready._flow_resolve_key(p_key text, p_context jsonb, p_input jsonb, p_where text,
+                                                       p_map bool DEFAULT false)
 RETURNS text
 LANGUAGE plpgsql IMMUTABLE
 AS $$
@@ -80,7 +114,7 @@ BEGIN
     IF p_key IS NULL OR strpos(p_key, '${') = 0 THEN
         RETURN p_key;
     END IF;
-    r := stepready._flow_substitute(p_key, p_context, p_input);
+    r := stepready._flow_substitute(p_key, p_context, p_input, p_map);
     IF r.problem IS NOT NULL THEN
         PERFORM stepready._definition_error(p_where, r.problem);
     END IF;
@@ -88,11 +122,41 @@ BEGIN
 END;
 $$;
 
+-- The key of element p_index (value p_element) of a map step whose key, as stored, is p_key: its ${element},
+-- ${element.PATH} and ${index} substituted (_flow_substitute), and checked against the bounds every stored key
+-- meets (sql/015_bounds.sql: at most _max_name_chars() characters). A problem names the element and the
+-- placeholder; _map_fan_out fails the map step with it rather than write any element. A key without `${` comes
+-- back as it is, at the cost of one strpos.
+CREATE OR REPLACE FUNCTION stepready._flow_element_key(p_key text, p_element jsonb, p_index int,
+                                                       OUT value text, OUT problem text)
+LANGUAGE plpgsql IMMUTABLE
+AS $$
+DECLARE
+    r record;
+BEGIN
+    IF p_key IS NULL OR strpos(p_key, '${') = 0 THEN
+        value := p_key;
+        RETURN;
+    END IF;
+    -- An assignment, not a SELECT: no executor run per element (100,000 of them in one fan-out).
+    r := stepready._flow_substitute(p_key, NULL, NULL, true, p_element, p_index);
+    problem := COALESCE(r.problem, CASE WHEN char_length(r.value) > stepready._max_name_chars()
+                                        THEN stepready._name_problem(r.value) END);
+    IF problem IS NOT NULL THEN
+        problem := format('element %s: key "%s": %s', p_index, p_key, problem);
+    ELSE
+        value := r.value;
+    END IF;
+END;
+$$;
+
 -- What is wrong with a definition's `concurrency` ({key, limit}) or `rate_limit` ({key, limit, period_ms})
 -- object, as a whole message starting with p_where; with p_context not NULL, its key's placeholders are also
--- checked against the task context and p_input (the step input). NULL when it is fine, absent or JSON null.
+-- checked against the task context and p_input (the step input); p_map: the step is a map step (its key may
+-- hold ${element…} and ${index}). NULL when it is fine, absent or JSON null.
+DROP FUNCTION IF EXISTS stepready._flow_problem(jsonb, text, text, jsonb, jsonb); -- before it had no p_map
 CREATE OR REPLACE FUNCTION stepready._flow_problem(p_value jsonb, p_kind text, p_where text, p_context jsonb,
-                                                   p_input jsonb)
+                                                   p_input jsonb, p_map bool DEFAULT false)
 RETURNS text
 LANGUAGE sql STABLE
 AS $$
@@ -111,14 +175,16 @@ AS $$
                 p_where || ': period_ms: ' || stepready._duration_ms_problem(p_value -> 'period_ms', 1),
                 CASE WHEN p_value ->> 'period_ms' IS NULL THEN p_where || ': period_ms: is required' END) END,
             -- The key as it will be stored (sql/015_bounds.sql): substituted when the context and input are known,
-            -- else checked as written when it has no placeholder.
+            -- else checked as written when it has no placeholder. (A map step's key keeps its ${element…}: each
+            -- element's is checked at fan-out, _flow_element_key.)
             CASE WHEN strpos(p_value ->> 'key', '${') = 0
                      THEN p_where || ': key: ' || stepready._name_problem(p_value ->> 'key')
                  WHEN p_context IS NOT NULL
                      THEN p_where || ': key: ' || COALESCE(
-                              (stepready._flow_substitute(p_value ->> 'key', p_context, p_input)).problem,
+                              (stepready._flow_substitute(p_value ->> 'key', p_context, p_input, p_map)).problem,
                               stepready._name_problem(
-                                  (stepready._flow_substitute(p_value ->> 'key', p_context, p_input)).value)) END)
+                                  (stepready._flow_substitute(p_value ->> 'key', p_context, p_input, p_map)).value))
+                 END)
     END;
 $$;
 
@@ -138,18 +204,25 @@ END;
 $$;
 
 -- Checks and completes the flow control columns of a step being inserted (called by _steps_materialize):
--- placeholders resolved, a key always with its limit (and a rate limit with its period).
+-- placeholders resolved (a map step's ${element…} and ${index} kept, for its elements), a key always with its
+-- limit (and a rate limit with its period).
 CREATE OR REPLACE FUNCTION stepready._flow_materialize(INOUT s stepready.steps, p_context jsonb, p_where text)
 LANGUAGE plpgsql
 AS $$
+DECLARE
+    v_map bool := false;
 BEGIN
     IF s.concurrency_key IS NULL AND s.rate_key IS NULL AND s.concurrency_limit IS NULL AND s.rate_limit IS NULL
        AND s.rate_period_ms IS NULL THEN
         RETURN;
     END IF;
+    IF strpos(s.concurrency_key, '${') > 0 OR strpos(s.rate_key, '${') > 0 THEN
+        -- Read only for a key with placeholders: the column exists from schema version 15 on.
+        v_map := s.map IS NOT NULL;
+    END IF;
     s.concurrency_key := stepready._flow_resolve_key(s.concurrency_key, p_context, s.input,
-                                                     p_where || ': concurrency.key');
-    s.rate_key := stepready._flow_resolve_key(s.rate_key, p_context, s.input, p_where || ': rate_limit.key');
+                                                     p_where || ': concurrency.key', v_map);
+    s.rate_key := stepready._flow_resolve_key(s.rate_key, p_context, s.input, p_where || ': rate_limit.key', v_map);
     IF (s.concurrency_key IS NULL) <> (s.concurrency_limit IS NULL) THEN
         PERFORM stepready._definition_error(p_where, 'concurrency_key and concurrency_limit go together');
     END IF;

@@ -72,9 +72,13 @@ $fn$;
 --   - not resolvable, not an array, or longer than max_elements: failed `deterministic` (fail_steps, so its
 --     retry policy and on_exhausted apply) naming the reference and the length;
 --   - an empty array: completed at once with output [];
+--   - a flow-control key holding ${element…} or ${index} (SPEC §19) that does not resolve for some element (a
+--     path missing or not a scalar there, a key over the bounds of sql/015_bounds.sql): failed `deterministic`,
+--     code map_key, naming the key, the element and the placeholder, before any element is written;
 --   - otherwise one INSERT writes every element (named NAME[i], from 0), complete rows copying the map step's
---     handler, input (references kept: resolved when each element starts), policy, flow keys, queue, priorities
---     and rules, with map_total set on the map step and map_done = map_failed = 0. An element's on_exhausted is
+--     handler, input (references kept: resolved when each element starts), policy, flow keys (each element's
+--     ${element…} and ${index} substituted: _flow_element_key), queue, priorities and rules, with map_total set
+--     on the map step and map_done = map_failed = 0. An element's on_exhausted is
 --     always fail_task: an element that runs out of attempts ends in error, which ends the map, and the map
 --     step's own on_exhausted decides what follows (an element is never skipped on its own).
 -- Returns the ids it took (the map steps among p_ids), for the claim to leave out of what it hands over.
@@ -99,6 +103,9 @@ DECLARE
     v_tasks       bigint[] := '{}';
     v_n      int;
     v_window int;
+    v_key_problem text;
+    v_ckeys       text[];
+    v_rkeys       text[];
 BEGIN
     SELECT array_agg(s.id ORDER BY s.id) INTO v_maps
       FROM stepready.steps s
@@ -133,13 +140,38 @@ BEGIN
              ORDER BY c.id
         )
         SELECT c.id, c.task_id, c.name, c.fence_token, c.map, o.value AS over, o.problem,
-               stepready._map_max_elements(c.map) AS max_elements
+               stepready._map_max_elements(c.map) AS max_elements, c.concurrency_key, c.rate_key
           FROM started c
          CROSS JOIN LATERAL stepready._resolve_input(c.map -> 'over', stepready._step_deps(c.id),
                                 (SELECT t.context FROM stepready.tasks t WHERE t.id = c.task_id), c.task_id) o
          ORDER BY c.id
     LOOP
-        IF r.problem IS NOT NULL OR jsonb_typeof(r.over) IS DISTINCT FROM 'array'
+        v_key_problem := NULL;
+        v_ckeys := NULL;
+        v_rkeys := NULL;
+        IF r.problem IS NULL AND jsonb_typeof(r.over) = 'array'
+           AND (strpos(r.concurrency_key, '${') > 0 OR strpos(r.rate_key, '${') > 0) THEN
+            -- Every element's keys (SPEC §19), computed once, in element order, before any element is written: the
+            -- first that does not resolve fails the map step (its CHECK constraints would otherwise abort the whole
+            -- claim); else the INSERT below reads them by position (a PL/pgSQL array variable is kept expanded, so
+            -- each subscript is O(1)).
+            SELECT array_agg(ck.value ORDER BY e.o), array_agg(rk.value ORDER BY e.o),
+                   (array_agg(COALESCE('concurrency.key: ' || ck.problem, 'rate_limit.key: ' || rk.problem) ORDER BY e.o)
+                        FILTER (WHERE ck.problem IS NOT NULL OR rk.problem IS NOT NULL))[1]
+              INTO v_ckeys, v_rkeys, v_key_problem
+              FROM jsonb_array_elements(r.over) WITH ORDINALITY AS e(v, o)
+             -- A key without placeholders is not looked at (a one-time filter: no call per element).
+             LEFT JOIN LATERAL (SELECT k.* FROM stepready._flow_element_key(r.concurrency_key, e.v, (e.o - 1)::int) k
+                                 WHERE strpos(r.concurrency_key, '${') > 0) ck ON true
+             LEFT JOIN LATERAL (SELECT k.* FROM stepready._flow_element_key(r.rate_key, e.v, (e.o - 1)::int) k
+                                 WHERE strpos(r.rate_key, '${') > 0) rk ON true;
+        END IF;
+        IF v_key_problem IS NOT NULL THEN
+            v_fail_ids := v_fail_ids || r.id;
+            v_fail_tokens := v_fail_tokens || r.fence_token;
+            v_fail_errors := v_fail_errors || jsonb_build_object('class', 'deterministic', 'code', 'map_key',
+                'message', format('map step "%s": %s', r.name, v_key_problem));
+        ELSIF r.problem IS NOT NULL OR jsonb_typeof(r.over) IS DISTINCT FROM 'array'
            OR jsonb_array_length(r.over) > r.max_elements THEN
             v_fail_ids := v_fail_ids || r.id;
             v_fail_tokens := v_fail_tokens || r.fence_token;
@@ -170,8 +202,11 @@ BEGIN
                    m.priority, m.queue,
                    -- the window: elements past the first max_in_flight are held out of the claim index
                    CASE WHEN e.o > v_window THEN 1 ELSE 0 END,
-                   false, m.task_priority, m.concurrency_key, m.concurrency_limit,
-                   m.rate_key, m.rate_limit, m.rate_period_ms, m.id, e.v, (e.o - 1)::int
+                   false, m.task_priority,
+                   CASE WHEN strpos(m.concurrency_key, '${') > 0 THEN v_ckeys[e.o] ELSE m.concurrency_key END,
+                   m.concurrency_limit,
+                   CASE WHEN strpos(m.rate_key, '${') > 0 THEN v_rkeys[e.o] ELSE m.rate_key END,
+                   m.rate_limit, m.rate_period_ms, m.id, e.v, (e.o - 1)::int
               FROM stepready.steps m
              CROSS JOIN LATERAL jsonb_array_elements(r.over) WITH ORDINALITY AS e(v, o)
              WHERE m.id = r.id
@@ -267,7 +302,7 @@ $fn$;
 -- are free slots, in element order. A slot is held by every released element not yet terminal (one in backoff
 -- keeps its slot). Callers hold the map step's row lock, which serializes this between concurrent completions;
 -- each statement sees the others' committed releases. Both reads go through steps_map_window_idx (schema version
--- 16), which holds only the elements not yet terminal: the count reads at most max_in_flight entries and the
+-- 17), which holds only the elements not yet terminal: the count reads at most max_in_flight entries and the
 -- release the first held ones, whatever the size of the map and however many of its elements are finished.
 -- enable_seqscan off: on a small table the planner would count by reading every step (the plan is cached for
 -- the session, and the table grows).

@@ -62,6 +62,12 @@ DECLARE
 BEGIN
     LOOP
         BEGIN
+            -- The task's mailbox lock first (SPEC §20, sql/059_signals.sql): an operator may make a wait step
+            -- start waiting again (reset_task, retry_step_now), which reads the mailbox under it, and a sender
+            -- that holds it waits for the row of a waiting step; taken before the steps, it never closes a cycle
+            -- with a sender. (A worker whose completion starts a wait step holds that step and then wants the
+            -- lock: the cycle with an operator is broken here, as the one below.)
+            PERFORM stepready._signal_lock(p_task_id);
             PERFORM 1 FROM stepready.steps WHERE task_id = p_task_id ORDER BY id FOR UPDATE;
             RETURN stepready._lock_task(p_task_id);
         EXCEPTION WHEN deadlock_detected THEN
@@ -107,15 +113,25 @@ BEGIN
 END;
 $$;
 
--- What an operator event records about a running attempt it leaves behind (an orphaned lease), '{}' when none.
+-- What an operator event records about a running attempt it leaves behind (an orphaned lease), '{}' when none:
+-- from a step's state and lease as they were before the operator acted.
+CREATE OR REPLACE FUNCTION stepready._orphan_details(p_state text, p_lease_owner text,
+                                                     p_lease_expires_at timestamptz)
+RETURNS jsonb
+LANGUAGE sql IMMUTABLE
+AS $$
+    SELECT CASE WHEN p_state = 'in_progress'
+                THEN jsonb_build_object('attempt_still_running', true, 'lease_owner', p_lease_owner,
+                                        'lease_expires_at', p_lease_expires_at)
+                ELSE '{}'::jsonb END;
+$$;
+
+-- _orphan_details of a step row.
 CREATE OR REPLACE FUNCTION stepready._orphan_details(p_step stepready.steps)
 RETURNS jsonb
 LANGUAGE sql IMMUTABLE
 AS $$
-    SELECT CASE WHEN p_step.state = 'in_progress'
-                THEN jsonb_build_object('attempt_still_running', true, 'lease_owner', p_step.lease_owner,
-                                        'lease_expires_at', p_step.lease_expires_at)
-                ELSE '{}'::jsonb END;
+    SELECT stepready._orphan_details(p_step.state, p_step.lease_owner, p_step.lease_expires_at);
 $$;
 
 CREATE OR REPLACE FUNCTION stepready._refuse(p_message text)
@@ -131,6 +147,13 @@ $$;
 -- its result are refused) and keeps its lease, orphaned, until its worker reports or the lease expires: its
 -- concurrency slot stays taken while the handler may still run (sql/046_leases.sql). Returns how many steps were
 -- cancelled.
+--
+-- Set-based (issue 21): one UPDATE cancels every step of the task, a map step's elements included, and one INSERT
+-- writes their step.cancelled events, so a map of 100,000 elements cancels in about a second (it took one UPDATE,
+-- one statement trigger and one event insert per step before). The steps were locked in ascending id by
+-- _lock_task_and_steps, before the task row (the lock order, docs/design-core.md). The UPDATE sets updated_at,
+-- completed_at and the lease of an enqueued step (which has nothing running: its lease ends with it) itself, so
+-- steps_before_update has nothing to do and is not called per row.
 CREATE OR REPLACE FUNCTION stepready.cancel_task(p_task_id bigint, p_reason text DEFAULT NULL,
                                                  p_as_of timestamptz DEFAULT now())
 RETURNS int
@@ -138,21 +161,41 @@ LANGUAGE plpgsql
 AS $$
 DECLARE
     t stepready.tasks := stepready._lock_task_and_steps(p_task_id);
-    s stepready.steps;
     k int := 0;
 BEGIN
     IF t.status IN ('complete', 'cancelled') THEN
         PERFORM stepready._refuse(format('cannot cancel task %s: it is already %s', t.id, t.status));
     END IF;
+    WITH old AS (
+        -- The rows as they were (the UPDATE's RETURNING sees only the new ones): the event's from_state and what
+        -- a running attempt leaves behind.
+        SELECT o.id, o.state, o.lease_owner, o.lease_expires_at
+          FROM stepready.steps o
+         WHERE o.task_id = t.id AND NOT stepready._is_terminal(o.state)
+    ), cancelled AS (
+        UPDATE stepready.steps s
+           SET state = 'cancelled', next_attempt_at = NULL, completed_at = p_as_of, updated_at = now(),
+               lease_owner = CASE WHEN o.state = 'enqueued' THEN NULL ELSE s.lease_owner END,
+               lease_expires_at = CASE WHEN o.state = 'enqueued' THEN NULL ELSE s.lease_expires_at END
+          FROM old o
+         WHERE s.id = o.id
+        RETURNING s.id, s.task_id, s.attempts, s.iteration, o.state AS from_state,
+                  stepready._orphan_details(o.state, o.lease_owner, o.lease_expires_at) AS orphan
+    ), logged AS (
+        INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                           details, at)
+        SELECT c.task_id, c.id, c.attempts, c.iteration, 'step.cancelled', c.from_state, 'cancelled',
+               jsonb_build_object('reason', p_reason) || c.orphan, p_as_of
+          FROM cancelled c
+         ORDER BY c.id
+        RETURNING 1
+    )
+    SELECT count(*) INTO k FROM logged;
+    -- The task after its steps: cancelled first, it made tasks_propagate_hold move every claimable step out of the
+    -- claim index (an UPDATE of every ready element of a map, 2 s for 100,000) just before they were cancelled.
+    -- Cancelling steps changes none of the task's counters (cancelled is as unsatisfied as pending or in flight, and
+    -- not error), so the steps' statement trigger leaves the task row alone and this is its one update.
     UPDATE stepready.tasks SET status = 'cancelled', completed_at = p_as_of WHERE id = t.id;
-    FOR s IN SELECT * FROM stepready.steps WHERE task_id = t.id AND NOT stepready._is_terminal(state)
-              ORDER BY id FOR UPDATE
-    LOOP
-        UPDATE stepready.steps SET state = 'cancelled', next_attempt_at = NULL, completed_at = p_as_of WHERE id = s.id;
-        PERFORM stepready._log(s, 'step.cancelled', s.state, 'cancelled',
-            jsonb_build_object('reason', p_reason) || stepready._orphan_details(s), p_as_of);
-        k := k + 1;
-    END LOOP;
     PERFORM stepready._log_task(t.id, 'operator.cancel',
         jsonb_build_object('reason', p_reason, 'previous_status', t.status, 'steps_cancelled', k), p_as_of);
     RETURN k;
@@ -233,6 +276,14 @@ BEGIN
                next_attempt_at = stepready._orphan_hold(lease_expires_at, p_as_of)
          WHERE id = s.id
         RETURNING * INTO n;
+        -- A wait step (SPEC §20) waits afresh, for a new signal or a new sleep, from p_as_of.
+        IF n.wait IS NOT NULL THEN
+            PERFORM stepready._log(n, 'operator.retry_now', s.state, n.state,
+                stepready._operator_details(jsonb_build_object('previous_next_attempt_at', s.next_attempt_at,
+                    'previous_max_attempts', s.max_attempts, 'previous_retryable', s.retryable)), p_as_of);
+            PERFORM stepready._wait_enter(ARRAY[n.id], p_as_of);
+            RETURN true;
+        END IF;
     ELSE
         PERFORM stepready._refuse(format('cannot retry step %s ("%s"): it is %s', s.id, s.name, s.state));
     END IF;
@@ -272,20 +323,27 @@ BEGIN
     RETURNING * INTO n;
     IF s.map_total IS NOT NULL THEN
         -- A map step (SPEC §19): its elements not yet terminal start no more (one in flight keeps its lease,
-        -- orphaned, as an operator's cancel leaves it). Locked after the map step, in ascending id.
-        PERFORM 1 FROM stepready.steps e WHERE e.map_step_id = s.id AND NOT stepready._is_terminal(e.state)
-          ORDER BY e.id FOR UPDATE;
-        WITH cancelled AS (
+        -- orphaned, as an operator's cancel leaves it). Locked with the task's other steps, in ascending id, by
+        -- _lock_step_and_task; cancelled in one UPDATE and their events written in one INSERT, as cancel_task does.
+        WITH old AS (
+            SELECT o.id, o.state, o.lease_owner, o.lease_expires_at
+              FROM stepready.steps o
+             WHERE o.map_step_id = s.id AND NOT stepready._is_terminal(o.state)
+        ), cancelled AS (
             UPDATE stepready.steps e
-               SET state = 'cancelled', pending_parents = 0, next_attempt_at = NULL, completed_at = p_as_of
-             WHERE e.map_step_id = s.id AND NOT stepready._is_terminal(e.state)
-            RETURNING e.id, e.task_id, e.attempts, e.iteration,
-                      (SELECT o.state FROM stepready.steps o WHERE o.id = e.id) AS from_state
+               SET state = 'cancelled', pending_parents = 0, next_attempt_at = NULL, completed_at = p_as_of,
+                   updated_at = now(),
+                   lease_owner = CASE WHEN o.state = 'enqueued' THEN NULL ELSE e.lease_owner END,
+                   lease_expires_at = CASE WHEN o.state = 'enqueued' THEN NULL ELSE e.lease_expires_at END
+              FROM old o
+             WHERE e.id = o.id
+            RETURNING e.id, e.task_id, e.attempts, e.iteration, o.state AS from_state,
+                      stepready._orphan_details(o.state, o.lease_owner, o.lease_expires_at) AS orphan
         )
         INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
                                            details, at)
         SELECT c.task_id, c.id, c.attempts, c.iteration, 'step.cancelled', c.from_state, 'cancelled',
-               jsonb_build_object('reason', 'map step resolved', 'map_step_id', s.id), p_as_of
+               jsonb_build_object('reason', 'map step resolved', 'map_step_id', s.id) || c.orphan, p_as_of
           FROM cancelled c ORDER BY c.id;
     END IF;
     PERFORM stepready._log(n, 'step.resolved', s.state, 'resolved_manually', stepready._orphan_details(s), p_as_of);
@@ -308,6 +366,7 @@ DECLARE
     t stepready.tasks := stepready._lock_task_and_steps(p_task_id);
     s stepready.steps;
     k int := 0;
+    v_waits bigint[];
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM stepready.steps
                     WHERE task_id = t.id AND state IN ('error', 'skipped', 'cancelled')) THEN
@@ -339,8 +398,16 @@ BEGIN
                breaker_fingerprint = NULL, breaker_count = 0
          WHERE id = s.id;
         PERFORM stepready._log(s, 'operator.reset', s.state, 'pending', stepready._operator_details('{}'), p_as_of);
+        IF s.wait IS NOT NULL THEN
+            v_waits := v_waits || s.id;
+        END IF;
         k := k + 1;
     END LOOP;
+    -- Wait steps reset (SPEC §20) wait afresh from p_as_of, those whose parents are satisfied at once: for a new
+    -- signal (the one they consumed stays consumed, in the mailbox's history) or a new sleep. docs/signals.md.
+    IF v_waits IS NOT NULL THEN
+        PERFORM stepready._wait_enter(v_waits, p_as_of);
+    END IF;
     PERFORM stepready._log_task(t.id, 'operator.reset',
         jsonb_build_object('previous_status', t.status, 'steps_reset', k), p_as_of);
     RETURN k;

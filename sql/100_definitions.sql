@@ -244,12 +244,17 @@ AS $$
         p_where || ': ' || stepready._unknown_keys_problem(p_step,
             ARRAY['name', 'handler', 'input', 'depends_on', 'retry', 'timeout_ms', 'on_exhausted', 'rules',
                   'max_iterations', 'collect', 'queue', 'priority', 'breaker_limit', 'concurrency', 'rate_limit',
-                  'map']),
+                  'map', 'wait']),
         -- SPEC §19 (sql/058_map.sql).
         CASE WHEN p_step ? 'map' THEN p_where || ': map' || stepready._map_problem(p_step -> 'map',
             ARRAY(SELECT d.v #>> '{}' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_step -> 'depends_on') = 'array'
                                                                      THEN p_step -> 'depends_on' END) AS d(v))) END,
-        p_where || stepready._step_handler_problem(p_step -> 'handler'),
+        -- SPEC §20 (sql/059_signals.sql): a wait step has no handler.
+        CASE WHEN p_step ? 'wait' THEN COALESCE(p_where || stepready._wait_step_problem(p_step),
+            p_where || ': wait' || stepready._wait_problem(p_step -> 'wait',
+                ARRAY(SELECT d.v #>> '{}' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_step -> 'depends_on') = 'array'
+                                                                         THEN p_step -> 'depends_on' END) AS d(v))))
+             ELSE p_where || stepready._step_handler_problem(p_step -> 'handler') END,
         stepready._retry_problem(p_step -> 'retry', p_where || ': retry', p_presets),
         p_where || ': timeout_ms: ' || stepready._duration_ms_problem(p_step -> 'timeout_ms', 1),
         p_where || ': on_exhausted: ' || stepready._text_problem(p_step -> 'on_exhausted'),
@@ -266,19 +271,20 @@ AS $$
         CASE WHEN p_step ->> 'queue' <> 'default' THEN p_where || ': queue: ' || stepready._queue_problem(p_step ->> 'queue') END,
         p_where || ': priority: ' || stepready._integer_problem(p_step -> 'priority', -2147483648, 2147483647),
         p_where || ': breaker_limit: ' || stepready._integer_problem(p_step -> 'breaker_limit', 0, 2147483647),
-        -- The step's own flow control, else its task's, with the placeholders of its key resolved.
+        -- The step's own flow control, else its task's, with the placeholders of its key resolved (a map step's
+        -- ${element…} and ${index} are checked and kept: SPEC §19).
         CASE WHEN p_step ? 'concurrency' OR p_definition ? 'concurrency' THEN stepready._flow_problem(
             COALESCE(NULLIF(p_step -> 'concurrency', 'null'), p_definition -> 'concurrency'), 'concurrency',
             p_where || ': concurrency'
                 || CASE WHEN NULLIF(p_step -> 'concurrency', 'null') IS NULL THEN ' (the task''s)' ELSE '' END,
             COALESCE(NULLIF(p_definition -> 'context', 'null'), '{}'),
-            COALESCE(NULLIF(p_step -> 'input', 'null'), '{}')) END,
+            COALESCE(NULLIF(p_step -> 'input', 'null'), '{}'), p_step ? 'map') END,
         CASE WHEN p_step ? 'rate_limit' OR p_definition ? 'rate_limit' THEN stepready._flow_problem(
             COALESCE(NULLIF(p_step -> 'rate_limit', 'null'), p_definition -> 'rate_limit'), 'rate_limit',
             p_where || ': rate_limit'
                 || CASE WHEN NULLIF(p_step -> 'rate_limit', 'null') IS NULL THEN ' (the task''s)' ELSE '' END,
             COALESCE(NULLIF(p_definition -> 'context', 'null'), '{}'),
-            COALESCE(NULLIF(p_step -> 'input', 'null'), '{}')) END,
+            COALESCE(NULLIF(p_step -> 'input', 'null'), '{}'), p_step ? 'map') END,
         p_where || stepready._step_depends_on_problem(p_step -> 'depends_on'),
         -- SPEC §18: references in the input (sql/019_dataflow.sql); ${deps.NAME} must name a direct parent.
         CASE WHEN strpos((p_step -> 'input')::text, '${') > 0 THEN p_where || ': ' || stepready._input_refs_problem(
@@ -629,6 +635,7 @@ DECLARE
     v_tids     bigint[]; -- their task ids
     v_lost     text[];
     v_notified bigint;
+    v_waits    bigint[];
 BEGIN
     IF NOT stepready._validated_write() THEN
         RAISE EXCEPTION 'stepready._create_tasks does not run as the owner its triggers expect (was its owner changed '
@@ -735,7 +742,8 @@ BEGIN
                                          queue, priority, breaker_limit, pending_parents, task_priority,
                                          concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period_ms)
             OVERRIDING SYSTEM VALUE
-            SELECT v_sids[t.off + s.ordinality], t.tid, s.name, s.handler, COALESCE(s.input, '{}'),
+            -- A wait step (SPEC §20) has no handler: its column reads `wait` (its `wait` is written below).
+            SELECT v_sids[t.off + s.ordinality], t.tid, s.name, COALESCE(s.handler, 'wait'), COALESCE(s.input, '{}'),
                    COALESCE((s.retry ->> 'max_attempts')::numeric::int, (f.sp ->> 'max_attempts')::int, t.max_attempts),
                    COALESCE((s.retry ->> 'retryable')::bool, (f.sp ->> 'retryable')::bool, t.retryable),
                    COALESCE(s.retry ->> 'backoff', f.sp ->> 'backoff', t.backoff),
@@ -751,20 +759,22 @@ BEGIN
                    s.timeout_ms::bigint, COALESCE(s.on_exhausted, 'fail_task'), s.rules, s.max_iterations::int,
                    COALESCE(s.collect, 'replace'), COALESCE(s.queue, 'default'), COALESCE(s.priority::int, 0),
                    COALESCE(s.breaker_limit::int, 3), COALESCE(jsonb_array_length(s.depends_on), 0), t.priority,
-                   -- SPEC §14, sql/047_flow.sql.
+                   -- SPEC §14, sql/047_flow.sql (a map step keeps ${element…} and ${index} for its elements).
                    CASE WHEN strpos(f.fc ->> 'key', '${') > 0
-                        THEN (stepready._flow_substitute(f.fc ->> 'key', t.context, COALESCE(s.input, '{}'))).value
+                        THEN (stepready._flow_substitute(f.fc ->> 'key', t.context, COALESCE(s.input, '{}'),
+                                                          s.map IS NOT NULL)).value
                         ELSE f.fc ->> 'key' END,
                    (f.fc ->> 'limit')::numeric::int,
                    CASE WHEN strpos(f.fr ->> 'key', '${') > 0
-                        THEN (stepready._flow_substitute(f.fr ->> 'key', t.context, COALESCE(s.input, '{}'))).value
+                        THEN (stepready._flow_substitute(f.fr ->> 'key', t.context, COALESCE(s.input, '{}'),
+                                                          s.map IS NOT NULL)).value
                         ELSE f.fr ->> 'key' END,
                    (f.fr ->> 'limit')::numeric::int, (f.fr ->> 'period_ms')::numeric::bigint
               FROM t
              CROSS JOIN LATERAL ROWS FROM (jsonb_to_recordset(t.steps) AS (
                     name text, handler text, input jsonb, depends_on jsonb, retry jsonb, timeout_ms numeric,
                     on_exhausted text, rules jsonb, max_iterations numeric, collect text, queue text, priority numeric,
-                    breaker_limit numeric, concurrency jsonb, rate_limit jsonb)) WITH ORDINALITY AS s
+                    breaker_limit numeric, concurrency jsonb, rate_limit jsonb, map jsonb)) WITH ORDINALITY AS s
              CROSS JOIN LATERAL (
                     SELECT CASE WHEN s.retry ->> 'policy' IS NOT NULL
                                 THEN (SELECT to_jsonb(p) FROM stepready.retry_policies p
@@ -800,6 +810,26 @@ BEGIN
                            WITH ORDINALITY AS x(st, o)
                      WHERE x.st ? 'map' AND u.tid = ANY (v_ins_ids)) m
              WHERE s.id = m.id;
+        END IF;
+
+        -- Wait steps (sql/059_signals.sql), in the same way: their `wait`, then those without a parent start
+        -- waiting at once (the others when their last parent is satisfied: sql/040_task_status.sql).
+        IF strpos(p_definitions::text, '"wait"') > 0 AND v_ins_ids IS NOT NULL THEN
+            WITH w AS (
+                UPDATE stepready.steps s
+                   SET wait = m.wait, updated_at = now()
+                  FROM (SELECT v_sids[u.off + x.o::int] AS id, x.st -> 'wait' AS wait
+                          FROM unnest(v_new_ords, v_new_ids, v_offs) AS u(ord, tid, off)
+                         CROSS JOIN LATERAL jsonb_array_elements(p_definitions -> (u.ord - 1) -> 'steps')
+                               WITH ORDINALITY AS x(st, o)
+                         WHERE x.st ? 'wait' AND u.tid = ANY (v_ins_ids)) m
+                 WHERE s.id = m.id
+                RETURNING s.id, s.pending_parents
+            )
+            SELECT array_agg(w.id ORDER BY w.id) FILTER (WHERE w.pending_parents = 0) INTO v_waits FROM w;
+            IF v_waits IS NOT NULL THEN
+                PERFORM stepready._wait_enter(v_waits, now());
+            END IF;
         END IF;
 
         IF cardinality(v_ins_ids) = cardinality(v_new_ids) THEN

@@ -37,6 +37,7 @@ func (p *Poller) Run(ctx context.Context) error {
 	defer due.Stop()
 	tick := time.NewTicker(p.PollInterval)
 	defer tick.Stop()
+	var why string
 	for {
 		if ctx.Err() != nil {
 			return nil
@@ -47,9 +48,8 @@ func (p *Poller) Run(ctx context.Context) error {
 		// the timer query is followed by a freed-capacity signal (this process) or its own daemon's wake-up.
 		// The dispatchers read next_claim_at in the claim's own transaction, before the claim, so arming costs
 		// no round trip of its own when there is capacity to claim.
-		wait := p.claimAll(ctx, due)
+		wait := p.claimAll(ctx, due, why == "due timer")
 		p.Logger.Debug("dispatch: waiting", slog.Duration("next_due_in", wait))
-		var why string
 		select {
 		case <-ctx.Done():
 			return nil
@@ -68,7 +68,11 @@ func (p *Poller) Run(ctx context.Context) error {
 
 // claimAll claims batches while there is capacity and the last batch came back full, and arms the timer: from
 // the first claim (which reads next_claim_at before claiming), or on its own when nothing was claimed.
-func (p *Poller) claimAll(ctx context.Context, timer *time.Timer) time.Duration {
+//
+// dueTimer says the due timer woke the poller. With no free capacity it then still runs a claim of zero steps:
+// the claim's prologue ends the durable sleeps and signal timeouts that are due (sql/059_signals.sql), so a wait
+// ends on time while every worker slot of this daemon is busy, and the dependents go to whichever daemon has room.
+func (p *Poller) claimAll(ctx context.Context, timer *time.Timer, dueTimer bool) time.Duration {
 	armed := false
 	var wait time.Duration
 	for ctx.Err() == nil {
@@ -78,6 +82,14 @@ func (p *Poller) claimAll(ctx context.Context, timer *time.Timer) time.Duration 
 			break
 		}
 		if free == 0 {
+			if dueTimer && !armed {
+				_, due, err := p.Dispatcher.Dispatch(ctx, 0)
+				if err != nil {
+					p.logError(ctx, "dispatch: claim", err)
+					break
+				}
+				wait, armed = p.setTimer(timer, due), true
+			}
 			break
 		}
 		limit := min(free, BatchMax)

@@ -160,6 +160,63 @@ func TestPolicyFlowTenant(t *testing.T) {
 	}
 }
 
+// flow-map-hosts.yaml: a map over six files on two hosts whose concurrency key is host:${element.host}, limit 1:
+// each element gets its host's key at fan-out, so one fetch per host runs at a time and the hosts run side by
+// side.
+func TestPolicyFlowMapHosts(t *testing.T) {
+	t.Parallel()
+	for _, mode := range dispatchModes {
+		t.Run(mode, func(t *testing.T) {
+			t.Parallel()
+			var mu sync.Mutex
+			perHost := map[string]*flowTracker{}
+			all := &flowTracker{}
+			allHandler := all.handler()
+			fetch := steps.HandlerFunc(func(ctx context.Context, s *steps.Step) (any, error) {
+				var in struct{ Host string }
+				if err := s.DecodeInput(&in); err != nil {
+					return nil, err
+				}
+				mu.Lock()
+				tr := perHost[in.Host]
+				if tr == nil {
+					tr = &flowTracker{}
+					perHost[in.Host] = tr
+				}
+				mu.Unlock()
+				// Counted by both trackers while it runs: all's handler waits the 20 ms, the host's returns at once.
+				tr.mu.Lock()
+				tr.running++
+				tr.max = max(tr.max, tr.running)
+				tr.mu.Unlock()
+				defer func() {
+					tr.mu.Lock()
+					tr.running--
+					tr.mu.Unlock()
+				}()
+				return allHandler.Handle(ctx, s)
+			})
+			b := polSetup(t, mode, nil, map[string]steps.Handler{"fetch": fetch})
+			id := b.polCreate(t, "flow-map-hosts.yaml")
+			b.waitTask(t, id, polWait, "complete")
+			mu.Lock()
+			defer mu.Unlock()
+			require.Len(t, perHost, 2)
+			for host, tr := range perHost {
+				require.Equal(t, 1, tr.maxRunning(), "host %s: one fetch at a time", host)
+			}
+			require.Equal(t, 2, all.maxRunning(), "the two hosts side by side at some point")
+			rows, err := b.db.Pool.Query(context.Background(), `SELECT concurrency_key FROM stepready.steps
+				WHERE task_id = $1 AND map_step_id IS NOT NULL ORDER BY element_index`, id)
+			require.NoError(t, err)
+			keys, err := pgx.CollectRows(rows, pgx.RowTo[string])
+			require.NoError(t, err)
+			require.Equal(t, []string{"host:a.example", "host:a.example", "host:a.example", "host:b.example",
+				"host:b.example", "host:b.example"}, keys)
+		})
+	}
+}
+
 // flow-api-rate.yaml: two syncs (eight calls) on one bucket of 5 per second: five at once, then one every 200 ms.
 func TestPolicyFlowAPIRate(t *testing.T) {
 	t.Parallel()

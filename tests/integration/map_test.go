@@ -594,3 +594,178 @@ func TestMapConcurrencyKeyLimitsTheElementsOnly(t *testing.T) {
 	}
 	require.Equal(t, "complete", b.step(ids["m"]).State)
 }
+
+// bigMap creates a task whose map step m fans out into n elements (max_elements n) after a step "first" (not a
+// map, created pending) and returns the task id and the step ids; the claim that fans the map out runs at t0.
+func (b *lifecycleBundle) bigMap(n int, t0 time.Time) (int64, map[string]int64) {
+	b.t.Helper()
+	taskID, ids := b.task(fmt.Sprintf(`{"name": "big", "steps": [
+		{"name": "m", "handler": "work", "input": {"i": "${index}"},
+		 "map": {"over": "${context.items}", "max_elements": %d}},
+		{"name": "after", "handler": "h", "depends_on": ["m"]}]}`, n))
+	b.exec(`UPDATE stepready.tasks SET context = jsonb_build_object('items',
+		(SELECT jsonb_agg(g) FROM generate_series(1, $2::int) g)) WHERE id = $1`, taskID, n)
+	require.Empty(b.t, b.mapClaimStart(10, t0))
+	b.exec(`UPDATE stepready.tasks SET context = '{}' WHERE id = $1`, taskID)
+	var total int
+	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT map_total FROM stepready.steps WHERE id = $1`, ids["m"]).
+		Scan(&total))
+	require.Equal(b.t, n, total)
+	return taskID, ids
+}
+
+// elementStates counts the elements of map step m by state.
+func (b *lifecycleBundle) elementStates(m int64) map[string]int {
+	b.t.Helper()
+	rows, err := b.db.Pool.Query(b.ctx, `SELECT state, count(*)::int FROM stepready.steps WHERE map_step_id = $1
+		GROUP BY state`, m)
+	require.NoError(b.t, err)
+	got := map[string]int{}
+	var state string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&state, &n}, func() error { got[state] = n; return nil })
+	require.NoError(b.t, err)
+	return got
+}
+
+// eventCount counts the events of a task with this name.
+func (b *lifecycleBundle) eventCount(taskID int64, event string) int {
+	b.t.Helper()
+	return b.intCall(`SELECT count(*)::int FROM stepready.step_events WHERE task_id = $1 AND event = $2`, taskID, event)
+}
+
+// callCounting runs sql (one statement, its result discarded) in a transaction of its own with PL/pgSQL
+// function calls counted, and returns how many times each of the stepready functions named was called in it.
+func (b *lifecycleBundle) callCounting(names []string, sql string, args ...any) map[string]int {
+	b.t.Helper()
+	calls := map[string]int{}
+	require.NoError(b.t, pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(b.ctx, `SET LOCAL track_functions = 'pl'`); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(b.ctx, sql, args...); err != nil {
+			return err
+		}
+		rows, err := tx.Query(b.ctx, `SELECT p.proname::text, COALESCE(sum(pg_catalog.pg_stat_get_xact_function_calls(p.oid)), 0)::int
+			FROM pg_catalog.pg_proc p WHERE p.pronamespace = 'stepready'::regnamespace AND p.proname = ANY ($1)
+			GROUP BY p.proname`, names)
+		if err != nil {
+			return err
+		}
+		var name string
+		var n int
+		_, err = pgx.ForEachRow(rows, []any{&name, &n}, func() error { calls[name] = n; return nil })
+		return err
+	}))
+	return calls
+}
+
+// TestMapCancelTaskOf100000ElementsIsSetBased: cancel_task on a task whose map step has 100,000 elements (three
+// complete, two in flight, the rest ready) cancels every unfinished element and writes their events in a few
+// statements, not one element at a time: the steps' statement trigger runs once and no event is written through
+// _log per step (element by element, both ran 100,000 times and the call took 45 s; set-based, 3 s on the loaded
+// 2-core machine). Timing alone is no test on a shared machine: the calls are counted.
+func TestMapCancelTaskOf100000ElementsIsSetBased(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 100,000 rows")
+	}
+	b := lifecycleSetup(t)
+	t0 := testBase
+	const n = 100000
+	taskID, ids := b.bigMap(n, t0)
+	rows := b.mapClaimStart(5, t0)
+	require.Len(t, rows, 5)
+	for _, r := range rows[:3] {
+		require.True(t, b.complete(r.StepID, r.Attempt, `{}`, t0))
+	}
+	b.exec(`ANALYZE stepready.steps`)
+
+	at := t0.Add(time.Minute)
+	start := time.Now()
+	calls := b.callCounting([]string{"_steps_after_update", "_log", "_tasks_propagate_hold"},
+		`SELECT stepready.cancel_task($1, 'too big', $2)`, taskID, at)
+	t.Logf("cancel_task of a 100,000-element map: %v", time.Since(start))
+	// The steps' statement trigger runs for the UPDATE of every step, and once more for the task's
+	// tasks_propagate_hold, whose UPDATE finds no claimable step left (a statement trigger runs for 0 rows too).
+	require.Equal(t, map[string]int{"_steps_after_update": 2, "_log": 0, "_tasks_propagate_hold": 1}, calls,
+		"one UPDATE of the steps, events written set-based, nothing done per step")
+	require.Equal(t, n-3+2, int(b.taskEventDetail(taskID, "operator.cancel", "steps_cancelled").(float64)),
+		"the map step, its 99,997 unfinished elements and the step after it")
+
+	b.requireStatus(taskID, "cancelled")
+	require.Equal(t, map[string]int{"complete": 3, "cancelled": n - 3}, b.elementStates(ids["m"]))
+	b.requireState(ids["m"], "cancelled")
+	b.requireState(ids["after"], "cancelled")
+	require.Equal(t, n-3+2, b.eventCount(taskID, "step.cancelled"), "one step.cancelled event per step cancelled")
+	require.Equal(t, 1, b.eventCount(taskID, "operator.cancel"))
+	for _, r := range rows[3:] {
+		s := b.step(r.StepID)
+		require.Equal(t, "cancelled", s.State)
+		require.Equal(t, testWorker, deref(s.LeaseOwner), "an element in flight keeps its lease, orphaned")
+		ev := b.lastEvents(r.StepID, 1)[0]
+		require.Equal(t, "step.cancelled", ev.Event)
+		require.Equal(t, "in_progress", deref(ev.FromState))
+		require.Equal(t, "too big", ev.Details["reason"])
+		require.Equal(t, true, ev.Details["attempt_still_running"])
+		require.True(t, at.Equal(ev.At))
+	}
+	var last int64
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT max(id) FROM stepready.steps WHERE map_step_id = $1`,
+		ids["m"]).Scan(&last))
+	ev := b.lastEvents(last, 1)[0]
+	require.Equal(t, "step.cancelled", ev.Event)
+	require.Equal(t, "pending", deref(ev.FromState))
+	require.Equal(t, "cancelled", deref(ev.ToState))
+	require.Nil(t, ev.Details["attempt_still_running"])
+	var completedAt time.Time
+	require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT completed_at FROM stepready.steps WHERE id = $1`, last).
+		Scan(&completedAt))
+	require.True(t, at.Equal(completedAt))
+	// A late report of an attempt in flight changes nothing.
+	require.False(t, b.complete(rows[3].StepID, rows[3].Attempt, `{}`, at))
+}
+
+// TestMapResolveStepOf100000ElementsIsSetBased: resolve_step on a map step of 100,000 elements cancels its
+// unfinished elements in one UPDATE, their events in one INSERT, and no per-row trigger call (2.6 s on the loaded
+// 2-core machine; 2.9 s before, when steps_before_update ran for every element).
+func TestMapResolveStepOf100000ElementsIsSetBased(t *testing.T) {
+	if testing.Short() {
+		t.Skip("writes 100,000 rows")
+	}
+	b := lifecycleSetup(t)
+	t0 := testBase
+	const n = 100000
+	taskID, ids := b.bigMap(n, t0)
+	rows := b.mapClaimStart(2, t0)
+	require.Len(t, rows, 2)
+	require.True(t, b.complete(rows[0].StepID, rows[0].Attempt, `{}`, t0))
+	b.exec(`ANALYZE stepready.steps`)
+
+	at := t0.Add(time.Minute)
+	start := time.Now()
+	calls := b.callCounting([]string{"_steps_after_update", "_steps_before_update", "_log"},
+		`SELECT stepready.resolve_step($1, '["by hand"]', $2)`, ids["m"], at)
+	t.Logf("resolve_step of a 100,000-element map: %v", time.Since(start))
+	// The statement trigger for the map step's UPDATE, its elements' and its child's count; steps_before_update
+	// for the map step's own row; its two events (step.resolved, operator.resolve): nothing per element.
+	require.Equal(t, map[string]int{"_steps_after_update": 3, "_steps_before_update": 1, "_log": 2}, calls)
+
+	require.Equal(t, map[string]int{"complete": 1, "cancelled": n - 1}, b.elementStates(ids["m"]))
+	b.requireState(ids["m"], "resolved_manually")
+	require.Equal(t, n-1, b.eventCount(taskID, "step.cancelled"))
+	require.Equal(t, testWorker, deref(b.step(rows[1].StepID).LeaseOwner), "the element in flight keeps its lease")
+	b.requireStatus(taskID, "in_progress")
+	got := b.mapClaimStart(10, at)
+	require.Len(t, got, 1, "only the step after the map is claimable")
+	require.Equal(t, ids["after"], got[0].StepID)
+	require.True(t, b.complete(got[0].StepID, got[0].Attempt, `{}`, at))
+	b.requireStatus(taskID, "complete")
+}
+
+// taskEventDetail returns details[key] of the newest task-level event of a task with this name.
+func (b *lifecycleBundle) taskEventDetail(taskID int64, event, key string) any {
+	b.t.Helper()
+	evs := eventsNamed(b.taskEvents(taskID), event)
+	require.NotEmpty(b.t, evs, "no %s event", event)
+	return evs[len(evs)-1].Details[key]
+}

@@ -1,4 +1,4 @@
--- Schema version 16: the window of map steps (max_in_flight) at the cost of the window, not of the map. Each
+-- Schema version 17: the window of map steps (max_in_flight) at the cost of the window, not of the map. Each
 -- element that completes releases the next held ones (sql/058_map.sql, _map_release): it counts its map's slots
 -- in use (released elements not yet terminal) and reads the first held elements in element order. Read through
 -- steps_map_elements_idx, both walked every element of the map, finished ones included: O(map size) per

@@ -1,4 +1,4 @@
--- Back to schema version 15: the window's index goes (the version-15 build's _map_release reads
+-- Back to schema version 16: the window's index goes (the version-16 build's _map_release reads
 -- steps_map_elements_idx).
 BEGIN;
 
