@@ -298,12 +298,20 @@ func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
 // runAction runs the library's operator action a on id (actor "ui"), and sends the browser back to back with the
 // outcome: a refusal of the database is a message, not an error page.
 func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done string, a action, id int64) {
-	err := store.NameGrantingRoles(r.Context(), c.pool, a.call(r.Context(), c.pool, id, r))
+	c.answerAction(w, r, back, done, a.call(r.Context(), c.pool, id, r))
+}
+
+// answerAction sends the browser back to back with the outcome err of an action (nil: done): a refusal of the
+// database is a message, not an error page.
+func (c *Console) answerAction(w http.ResponseWriter, r *http.Request, back, done string, err error) {
+	err = store.NameGrantingRoles(r.Context(), c.pool, err)
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		c.log.Info("console: action", "what", done)
 		setFlash(w, flash{Message: done})
+	case errors.Is(err, stepready.ErrSignalRefused):
+		setFlash(w, flash{Error: true, Message: "refused: " + err.Error()})
 	case errors.Is(err, stepready.ErrNotFound):
 		setFlash(w, flash{Error: true, Message: "refused: " + err.Error()})
 		back = "/" // the task or step is gone: its page would be a 404

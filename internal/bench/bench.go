@@ -63,6 +63,9 @@ type Size struct {
 	FlowClaimLarge int
 	// PythonSteps is how many independent no-op steps the Python worker and the Go daemon each work in scenario 12.
 	PythonSteps int
+	// SignalWaiting is how many tasks wait for a signal while scenario 11 measures the daemon's memory and the
+	// claim.
+	SignalWaiting int
 }
 
 // Sizes are the presets of cmd/bench.
@@ -71,12 +74,12 @@ var Sizes = map[string]Size{
 		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000,
 		CreationRun: 30 * time.Second, CreationBulkRun: 6 * time.Second, CreationLoaded: 20_000,
 		CreationFileChains: 100_000, HistorySteps: 100_000,
-		SteadyRun: time.Minute, FlowClaimLarge: 100_000, PythonSteps: 5_000},
+		SteadyRun: time.Minute, FlowClaimLarge: 100_000, PythonSteps: 5_000, SignalWaiting: 20_000},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
 		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
 		CreationRun: 60 * time.Second, CreationBulkRun: 21 * time.Second, CreationLoaded: 100_000,
 		CreationFileChains: 1_000_000, HistorySteps: 1_000_000,
-		SteadyRun: 10 * time.Minute, FlowClaimLarge: 1_000_000, PythonSteps: 20_000},
+		SteadyRun: 10 * time.Minute, FlowClaimLarge: 1_000_000, PythonSteps: 20_000, SignalWaiting: 100_000},
 }
 
 // Row is one line of the report.
@@ -290,6 +293,7 @@ var scenarios = []scenario{
 	{"history", history},
 	{"steady state", steady},
 	{"flow control", flowControl},
+	{"signals", signals},
 	{"python worker", pythonWorker},
 	{"routed claim", routedClaim},
 }
