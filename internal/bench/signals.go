@@ -156,7 +156,7 @@ func signals(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	}
 	rows = append(rows, Row{Scenario: "11c signals: throughput",
 		Figure: fmt.Sprintf("send_signal to waiting steps, %d clients%s", signalClients, env.Options.label()),
-		Value: sends, Unit: "signals/s", Baseline: fmt.Sprintf("create_task of the task, %d clients, %s", signalClients, signalRun),
+		Value:  sends, Unit: "signals/s", Baseline: fmt.Sprintf("create_task of the task, %d clients, %s", signalClients, signalRun),
 		BaseVal: creates, Ratio: sends / creates, Target: "reported"})
 	return rows, nil
 }

@@ -101,3 +101,34 @@ func TestBacklogExporterExportsMapProgress(t *testing.T) {
 	require.Equal(t, 0.0, testutil.ToFloat64(mustGauge(t, b, "stepready_map_steps_running", "", "")))
 	require.Equal(t, 0.0, elements("done"))
 }
+
+// The gauges of waiting for the world (signal_stats): wait steps by reason, and the mailbox's signals received,
+// delivered (consumed by a step) and buffered (sent before their step waits).
+func TestBacklogExporterExportsWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(`SELECT stepready.create_task('{"name": "t", "steps": [
+		{"name": "a", "wait": {"signal": "go"}},
+		{"name": "b", "wait": {"signal": "go"}},
+		{"name": "nap", "wait": {"duration_ms": 3600000}},
+		{"name": "first", "handler": "h"},
+		{"name": "later", "depends_on": ["first"], "wait": {"signal": "later"}}]}')`)
+	e, err := maintenance.NewBacklogExporter(b.env, maintenance.BacklogExporterConfig{})
+	require.NoError(t, err)
+	gauges := func() []float64 {
+		_, err := e.RunOnce(b.ctx)
+		require.NoError(t, err)
+		return []float64{
+			testutil.ToFloat64(mustGauge(t, b, "stepready_steps_waiting", "reason", "waiting_for_signal")),
+			testutil.ToFloat64(mustGauge(t, b, "stepready_steps_waiting", "reason", "sleeping")),
+			testutil.ToFloat64(mustGauge(t, b, "stepready_signals_received", "", "")),
+			testutil.ToFloat64(mustGauge(t, b, "stepready_signals_delivered", "", "")),
+			testutil.ToFloat64(mustGauge(t, b, "stepready_signals_buffered", "", "")),
+		}
+	}
+	require.Equal(t, []float64{2, 1, 0, 0, 0}, gauges())
+
+	b.exec(`SELECT stepready.send_signal(id, 'go') FROM stepready.tasks`)    // completes a
+	b.exec(`SELECT stepready.send_signal(id, 'later') FROM stepready.tasks`) // buffered: later's parent runs
+	require.Equal(t, []float64{1, 1, 2, 1, 1}, gauges())
+}
