@@ -28,8 +28,14 @@ type StepDetail struct {
 	// Input when it has none); nil when it does not resolve yet, and InputProblem says why.
 	ResolvedInput json.RawMessage `json:"resolved_input"`
 	// InputProblem is why the input does not resolve now (a parent not finished yet, a path that names nothing).
-	InputProblem *string   `json:"input_problem,omitempty"`
-	AsOf         time.Time `json:"as_of"`
+	InputProblem *string `json:"input_problem,omitempty"`
+	// Wait is a wait step's wait as defined (SPEC §20: {signal, timeout_ms, on_timeout}, {duration_ms} or
+	// {until}); nil for a step run by a handler.
+	Wait json.RawMessage `json:"wait,omitempty"`
+	// WaitUntil is, while the step is waiting, when its sleep ends or its signal wait times out (nil: it waits for
+	// a signal without a timeout, or it is not waiting).
+	WaitUntil *time.Time `json:"wait_until,omitempty"`
+	AsOf      time.Time  `json:"as_of"`
 	// Reasons are every reason the step may not start now, in precedence order (when it is ready: its wait for a
 	// worker, waiting_for_worker).
 	Reasons  []Reason  `json:"reasons"`
@@ -90,7 +96,8 @@ func ReadStepPage(ctx context.Context, db Beginner, taskID, stepID int64, opts S
 			return err
 		}
 		err = tx.QueryRow(ctx, query("step"), taskID, stepID).Scan(&d.TaskID, &d.Input, &d.Output, &d.Iteration,
-			&d.MaxIterations, &d.TimeoutMS, &d.Priority, &d.RetryPolicy, &d.Deps, &d.ResolvedInput, &d.InputProblem)
+			&d.MaxIterations, &d.TimeoutMS, &d.Priority, &d.RetryPolicy, &d.Deps, &d.ResolvedInput, &d.InputProblem,
+			&d.Wait, &d.WaitUntil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return notFoundf("task %d has no step %d", taskID, stepID)
 		}
