@@ -318,6 +318,22 @@ BEGIN
     IF NEW.name IS NULL OR NEW.name = '' THEN
         RAISE EXCEPTION 'step of task %: name must be a non-empty string', NEW.task_id USING ERRCODE = '22023';
     END IF;
+    -- A wait step (SPEC §20, sql/059_signals.sql) has no handler: its handler column reads `wait`.
+    IF NEW.wait IS NOT NULL THEN
+        IF NEW.handler IS NOT NULL AND NEW.handler <> 'wait' THEN
+            PERFORM stepready._definition_error(v_where, 'handler and wait: a step has one or the other, not both');
+        END IF;
+        IF NEW.rules IS NOT NULL THEN
+            PERFORM stepready._definition_error(v_where, 'rules and wait: rules judge a handler''s attempts; a wait step has none');
+        END IF;
+        IF NEW.map IS NOT NULL THEN
+            PERFORM stepready._definition_error(v_where, 'map and wait: a map step runs a handler per element; a wait step has none');
+        END IF;
+        IF stepready._wait_problem(NEW.wait, NULL) IS NOT NULL THEN
+            RAISE EXCEPTION '%: wait%', v_where, stepready._wait_problem(NEW.wait, NULL) USING ERRCODE = '22023';
+        END IF;
+        NEW.handler := 'wait';
+    END IF;
     IF NEW.handler IS NULL OR NEW.handler = '' THEN
         PERFORM stepready._definition_error(v_where, 'handler must be a non-empty string');
     END IF;
@@ -415,7 +431,7 @@ BEGIN
     NEW.breaker_limit := COALESCE(NEW.breaker_limit, 3);
     NEW.priority      := COALESCE(NEW.priority, 0);
     NEW.queue         := COALESCE(NEW.queue, 'default');
-    IF NEW.state NOT IN ('pending', 'enqueued', 'in_progress', 'waiting_for_retry', 'complete', 'error',
+    IF NEW.state NOT IN ('pending', 'enqueued', 'in_progress', 'waiting_for_retry', 'waiting', 'complete', 'error',
                          'skipped', 'cancelled', 'resolved_manually') THEN
         PERFORM stepready._definition_error(v_where, format('unknown state "%s"', NEW.state));
     END IF;

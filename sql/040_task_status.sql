@@ -112,6 +112,7 @@ DECLARE
     v_map_done  int[];
     v_map_failed int[];
     v_map_err   jsonb[];
+    v_waits     bigint[];
 BEGIN
     WITH per_step AS (
         SELECT r.id, r.task_id, sum(r.unsat)::int AS unsat, sum(r.err)::int AS err,
@@ -120,7 +121,9 @@ BEGIN
                bool_or(r.element) AS element
           FROM (SELECT n.id, n.task_id, n.map_step_id IS NOT NULL AS element,
                        (NOT stepready._satisfies(n.state))::int AS unsat,
-                       (n.state = 'error')::int AS err, (n.state IN ('enqueued', 'in_progress'))::int AS started,
+                       (n.state = 'error')::int AS err,
+                       -- a claim, or a wait step starting to wait (SPEC §20: its task is running)
+                       (n.state IN ('enqueued', 'in_progress', 'waiting'))::int AS started,
                        n.completed_at AS at,
                        stepready._claimable_now(n.state, n.pending_parents, n.task_held, n.next_attempt_at)::int
                            AS claimable
@@ -128,7 +131,7 @@ BEGIN
                 UNION ALL
                 SELECT o.id, o.task_id, o.map_step_id IS NOT NULL,
                        -(NOT stepready._satisfies(o.state))::int, -(o.state = 'error')::int,
-                       -(o.state IN ('enqueued', 'in_progress'))::int, NULL,
+                       -(o.state IN ('enqueued', 'in_progress', 'waiting'))::int, NULL,
                        -stepready._claimable_now(o.state, o.pending_parents, o.task_held, o.next_attempt_at)::int
                   FROM old_rows o) r
          GROUP BY r.id, r.task_id
@@ -162,11 +165,23 @@ BEGIN
         IF v_children IS NOT NULL THEN
             PERFORM 1 FROM stepready.steps c WHERE c.id = ANY (v_children) ORDER BY c.id FOR UPDATE;
             -- The state does not change: setting updated_at is all the bookkeeping there is (no row trigger call).
-            UPDATE stepready.steps s
-               SET pending_parents = GREATEST(s.pending_parents + d.delta, 0),
-                   updated_at = now()
-              FROM unnest(v_children, v_child_d) AS d(id, delta)
-             WHERE s.id = d.id;
+            -- Wait steps whose last parent just became satisfied (SPEC §20) start waiting below.
+            WITH u AS (
+                UPDATE stepready.steps s
+                   SET pending_parents = GREATEST(s.pending_parents + d.delta, 0),
+                       updated_at = now()
+                  FROM unnest(v_children, v_child_d) AS d(id, delta)
+                 WHERE s.id = d.id
+                RETURNING s.id, s.wait IS NOT NULL AND s.pending_parents = 0
+                          AND s.state IN ('pending', 'waiting_for_retry') AS starts_waiting
+            )
+            SELECT array_agg(u.id ORDER BY u.id) FILTER (WHERE u.starts_waiting) INTO v_waits FROM u;
+            IF v_waits IS NOT NULL THEN
+                -- As of the parents' completion (their p_as_of, kept in completed_at), so a wait's deadline
+                -- follows the time the caller pinned.
+                PERFORM stepready._wait_enter(v_waits,
+                    (SELECT max(n.completed_at) FROM new_rows n WHERE stepready._satisfies(n.state)));
+            END IF;
         END IF;
     END IF;
 

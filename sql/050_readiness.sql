@@ -18,21 +18,24 @@ AS $$
         (3, 'scheduled', 'its task''s `run_at` is still to come: no step of the task starts before it'),
         (4, 'terminal', 'it is finished: `complete`, `error`, `skipped`, `cancelled` or `resolved_manually`'),
         (5, 'in_flight', 'it is `enqueued` or `in_progress`, or an earlier attempt of it still holds an orphaned lease'),
-        (6, 'waiting_for_dependencies', 'a parent does not satisfy the dependency (it is not `complete`, `resolved_manually` or `skipped`)'),
-        (7, 'map_window', 'it is an element of a map step that has its `max_in_flight` elements in flight: it starts when one of them ends, in element order'),
-        (8, 'not_retryable', 'it is not retryable and has had its attempt'),
-        (9, 'retries_exhausted', 'it has had its `max_attempts`'),
-        (10, 'backoff', 'its `next_attempt_at` is still to come: a retry''s backoff, or a delayed first attempt or iteration'),
-        (11, 'concurrency_limited', 'nothing of its own holds it, but its concurrency key has its limit of steps in flight'),
-        (12, 'rate_limited', 'nothing of its own holds it, but its rate key has no token until the next one arrives'),
-        (13, 'waiting_for_worker', 'nothing holds it: it is ready, and waits for a claim that takes its queue and has its handler (explain only: `step_readiness` reports it ready)')
+        (6, 'waiting_for_signal', 'it is a wait step, `waiting` for a signal of its name (until its timeout, if it has one)'),
+        (7, 'sleeping', 'it is a wait step, `waiting` for its time to come (`duration_ms` or `until`)'),
+        (8, 'waiting_for_dependencies', 'a parent does not satisfy the dependency (it is not `complete`, `resolved_manually` or `skipped`)'),
+        (9, 'map_window', 'it is an element of a map step that has its `max_in_flight` elements in flight: it starts when one of them ends, in element order'),
+        (10, 'not_retryable', 'it is not retryable and has had its attempt'),
+        (11, 'retries_exhausted', 'it has had its `max_attempts`'),
+        (12, 'backoff', 'its `next_attempt_at` is still to come: a retry''s backoff, or a delayed first attempt or iteration'),
+        (13, 'concurrency_limited', 'nothing of its own holds it, but its concurrency key has its limit of steps in flight'),
+        (14, 'rate_limited', 'nothing of its own holds it, but its rate key has no token until the next one arrives'),
+        (15, 'waiting_for_worker', 'nothing holds it: it is ready, and waits for a claim that takes its queue and has its handler (explain only: `step_readiness` reports it ready)')
     ) AS v(rank, reason, meaning);
 $$;
 
 -- The one list of a task's execution statuses, in precedence order: task_execution_context returns the first that
 -- applies (its CASE, in this order: TestExecutionStatusesPrecedence). The first eight are the original ones in
 -- their original order; scheduled and flow_limited (issue 26) come after the statuses of a task that is doing
--- something or done, before those of a task waiting for its own steps (docs/state-machine.md says why).
+-- something or done, before those of a task waiting for its own steps (docs/state-machine.md says why); waiting
+-- (issue 22) right after processing: a task whose step waits for the world is doing something.
 CREATE OR REPLACE FUNCTION stepready.execution_statuses()
 RETURNS TABLE (rank int, execution_status text, meaning text)
 LANGUAGE sql IMMUTABLE PARALLEL SAFE
@@ -43,17 +46,18 @@ AS $$
         (3, 'blocked_by_failures', 'a step is in `error`'),
         (4, 'has_ready_steps', 'a step is ready'),
         (5, 'processing', 'a step is in flight (`enqueued`, `in_progress`, or held by an earlier attempt''s orphaned lease)'),
-        (6, 'all_complete', 'it has steps, and every one is `complete`, `resolved_manually` or `skipped`'),
-        (7, 'scheduled', 'its `run_at` is still to come'),
-        (8, 'flow_limited', 'a step is held back only by its concurrency or rate key'),
-        (9, 'waiting_for_retry', 'a step waits only for its `next_attempt_at`: a backoff, a delayed first attempt or iteration'),
-        (10, 'waiting_for_dependencies', 'none of the above: its steps wait for their parents, or for an operator (a step that has used its attempts); also a task with no steps')
+        (6, 'waiting', 'a wait step is `waiting` for a signal or for its time (SPEC §20): the task is running, not stalled'),
+        (7, 'all_complete', 'it has steps, and every one is `complete`, `resolved_manually` or `skipped`'),
+        (8, 'scheduled', 'its `run_at` is still to come'),
+        (9, 'flow_limited', 'a step is held back only by its concurrency or rate key'),
+        (10, 'waiting_for_retry', 'a step waits only for its `next_attempt_at`: a backoff, a delayed first attempt or iteration'),
+        (11, 'waiting_for_dependencies', 'none of the above: its steps wait for their parents, or for an operator (a step that has used its attempts); also a task with no steps')
     ) AS v(rank, execution_status, meaning);
 $$;
 
--- Why a step is not ready for reasons of its own and of its task, or NULL: ranks 1 to 6 and 8 to 10 of
--- readiness_reasons(), in that order (a map's window, rank 7, and flow control, ranks 11 and 12, are
--- step_readiness's, for a step this returns NULL for). A step
+-- Why a step is not ready for reasons of its own and of its task, or NULL: ranks 1 to 5, 8 and 10 to 12 of
+-- readiness_reasons(), in that order (a wait step's reasons, ranks 6 and 7, a map's window, rank 9, and flow
+-- control, ranks 13 and 14, are step_readiness's, for a step this returns NULL for or a reason of a later rank). A step
 -- made ready again while an attempt of it still runs (an orphaned lease: sql/046_leases.sql) is in_flight until
 -- that attempt ends.
 DROP FUNCTION IF EXISTS stepready._blocked_reason(text, bool, text, bool, int, int, bool, timestamptz, timestamptz);
@@ -109,8 +113,13 @@ AS $$
                stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable) AS retry_eligible,
                s.next_attempt_at,
                CASE
-                   -- An element held out of its map's window (rank 7, sql/058_map.sql): after the reasons of
-                   -- ranks 1 to 6, before those of its own retry state.
+                   -- A wait step that waits (ranks 6 and 7, sql/059_signals.sql): after the reasons of its task and
+                   -- those of ranks 4 and 5 (which a waiting step never has), before any of its own retry state.
+                   WHEN s.state = 'waiting'
+                        AND COALESCE(b.reason, 'backoff') NOT IN ('task_not_active', 'task_paused', 'scheduled')
+                       THEN CASE WHEN s.wait ? 'signal' THEN 'waiting_for_signal' ELSE 'sleeping' END
+                   -- An element held out of its map's window (rank 9, sql/058_map.sql): after the reasons of
+                   -- ranks 1 to 8, before those of its own retry state.
                    WHEN s.map_step_id IS NOT NULL AND s.pending_parents > 0
                         AND COALESCE(b.reason, 'not_retryable') IN ('not_retryable', 'retries_exhausted', 'backoff')
                        THEN 'map_window'
@@ -168,6 +177,7 @@ AS $$
                WHEN c.errored > 0 THEN 'blocked_by_failures'
                WHEN c.ready > 0 THEN 'has_ready_steps'
                WHEN c.in_flight > 0 THEN 'processing'
+               WHEN c.waiting_steps > 0 THEN 'waiting'
                WHEN c.total > 0 AND c.satisfied = c.total THEN 'all_complete'
                WHEN c.scheduled > 0 THEN 'scheduled'
                WHEN c.flow > 0 THEN 'flow_limited'
@@ -182,6 +192,7 @@ AS $$
                (count(*) FILTER (WHERE r.state IN ('enqueued', 'in_progress')
                                     OR r.blocked_reason = 'in_flight'))::int AS in_flight,
                (count(*) FILTER (WHERE r.state = 'waiting_for_retry'))::int AS waiting,
+               (count(*) FILTER (WHERE r.state = 'waiting'))::int AS waiting_steps,
                (count(*) FILTER (WHERE r.state IN ('complete', 'resolved_manually')))::int AS completed,
                (count(*) FILTER (WHERE r.state = 'error'))::int AS errored,
                (count(*) FILTER (WHERE r.state = 'skipped'))::int AS skipped,

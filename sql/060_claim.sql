@@ -395,6 +395,12 @@ BEGIN
     IF p_as_of IS NULL THEN
         RAISE EXCEPTION 'p_as_of must not be NULL' USING ERRCODE = '22023';
     END IF;
+    -- Durable sleeps and signal timeouts that are due (SPEC §20, sql/059_signals.sql) end first, in the claim's
+    -- own transaction: their dependents are claimable by this very claim. One probe of steps_wait_due_idx when
+    -- none is due.
+    IF EXISTS (SELECT 1 FROM stepready.steps s WHERE s.state = 'waiting' AND s.wait_until <= p_as_of) THEN
+        PERFORM stepready._fire_due_waits(p_as_of);
+    END IF;
     SELECT r.p_rq, r.p_rh INTO v_rq, v_rh FROM stepready._claim_routes(p_queues, p_handlers) r;
     p_ids := '{}';
     p_states := '{}';
@@ -581,8 +587,8 @@ BEGIN
 END;
 $$;
 
--- When the next claimable step becomes due after p_as_of, or a rate-limited key gets its next token (NULL: none
--- is waiting on a backoff or a token). Daemons set their
+-- When the next claimable step becomes due after p_as_of, a rate-limited key gets its next token, or a waiting
+-- step's sleep ends or signal wait times out (NULL: none is waiting on a backoff, a token or a timer). Daemons set their
 -- wake-up timer from it. Reads the claim index only; parents, pause and task status are already folded into it.
 -- PL/pgSQL, not SQL: a SQL function whose body has a FROM clause is not inlined, and PostgreSQL 15 plans it
 -- again on every call (0.3 to 0.8 ms, measured); the daemon calls it before every claim.
@@ -595,6 +601,9 @@ BEGIN
                     FROM stepready.steps s
                    WHERE s.state IN ('pending', 'waiting_for_retry') AND s.pending_parents = 0 AND NOT s.task_held
                      AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) > p_as_of),
-                 stepready.next_flow_at(p_as_of)); -- a rate key's next token (SPEC §14)
+                 stepready.next_flow_at(p_as_of), -- a rate key's next token (SPEC §14)
+                 -- the next sleep to end or signal wait to time out (SPEC §20): the claim fires it
+                 (SELECT min(s.wait_until) FROM stepready.steps s
+                   WHERE s.state = 'waiting' AND s.wait_until > p_as_of));
 END;
 $$;

@@ -62,6 +62,12 @@ DECLARE
 BEGIN
     LOOP
         BEGIN
+            -- The task's mailbox lock first (SPEC §20, sql/059_signals.sql): an operator may make a wait step
+            -- start waiting again (reset_task, retry_step_now), which reads the mailbox under it, and a sender
+            -- that holds it waits for the row of a waiting step; taken before the steps, it never closes a cycle
+            -- with a sender. (A worker whose completion starts a wait step holds that step and then wants the
+            -- lock: the cycle with an operator is broken here, as the one below.)
+            PERFORM stepready._signal_lock(p_task_id);
             PERFORM 1 FROM stepready.steps WHERE task_id = p_task_id ORDER BY id FOR UPDATE;
             RETURN stepready._lock_task(p_task_id);
         EXCEPTION WHEN deadlock_detected THEN
@@ -233,6 +239,14 @@ BEGIN
                next_attempt_at = stepready._orphan_hold(lease_expires_at, p_as_of)
          WHERE id = s.id
         RETURNING * INTO n;
+        -- A wait step (SPEC §20) waits afresh, for a new signal or a new sleep, from p_as_of.
+        IF n.wait IS NOT NULL THEN
+            PERFORM stepready._log(n, 'operator.retry_now', s.state, n.state,
+                stepready._operator_details(jsonb_build_object('previous_next_attempt_at', s.next_attempt_at,
+                    'previous_max_attempts', s.max_attempts, 'previous_retryable', s.retryable)), p_as_of);
+            PERFORM stepready._wait_enter(ARRAY[n.id], p_as_of);
+            RETURN true;
+        END IF;
     ELSE
         PERFORM stepready._refuse(format('cannot retry step %s ("%s"): it is %s', s.id, s.name, s.state));
     END IF;
@@ -308,6 +322,7 @@ DECLARE
     t stepready.tasks := stepready._lock_task_and_steps(p_task_id);
     s stepready.steps;
     k int := 0;
+    v_waits bigint[];
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM stepready.steps
                     WHERE task_id = t.id AND state IN ('error', 'skipped', 'cancelled')) THEN
@@ -339,8 +354,16 @@ BEGIN
                breaker_fingerprint = NULL, breaker_count = 0
          WHERE id = s.id;
         PERFORM stepready._log(s, 'operator.reset', s.state, 'pending', stepready._operator_details('{}'), p_as_of);
+        IF s.wait IS NOT NULL THEN
+            v_waits := v_waits || s.id;
+        END IF;
         k := k + 1;
     END LOOP;
+    -- Wait steps reset (SPEC §20) wait afresh from p_as_of, those whose parents are satisfied at once: for a new
+    -- signal (the one they consumed stays consumed, in the mailbox's history) or a new sleep. docs/signals.md.
+    IF v_waits IS NOT NULL THEN
+        PERFORM stepready._wait_enter(v_waits, p_as_of);
+    END IF;
     PERFORM stepready._log_task(t.id, 'operator.reset',
         jsonb_build_object('previous_status', t.status, 'steps_reset', k), p_as_of);
     RETURN k;

@@ -244,12 +244,17 @@ AS $$
         p_where || ': ' || stepready._unknown_keys_problem(p_step,
             ARRAY['name', 'handler', 'input', 'depends_on', 'retry', 'timeout_ms', 'on_exhausted', 'rules',
                   'max_iterations', 'collect', 'queue', 'priority', 'breaker_limit', 'concurrency', 'rate_limit',
-                  'map']),
+                  'map', 'wait']),
         -- SPEC §19 (sql/058_map.sql).
         CASE WHEN p_step ? 'map' THEN p_where || ': map' || stepready._map_problem(p_step -> 'map',
             ARRAY(SELECT d.v #>> '{}' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_step -> 'depends_on') = 'array'
                                                                      THEN p_step -> 'depends_on' END) AS d(v))) END,
-        p_where || stepready._step_handler_problem(p_step -> 'handler'),
+        -- SPEC §20 (sql/059_signals.sql): a wait step has no handler.
+        CASE WHEN p_step ? 'wait' THEN COALESCE(p_where || stepready._wait_step_problem(p_step),
+            p_where || ': wait' || stepready._wait_problem(p_step -> 'wait',
+                ARRAY(SELECT d.v #>> '{}' FROM jsonb_array_elements(CASE WHEN jsonb_typeof(p_step -> 'depends_on') = 'array'
+                                                                         THEN p_step -> 'depends_on' END) AS d(v))))
+             ELSE p_where || stepready._step_handler_problem(p_step -> 'handler') END,
         stepready._retry_problem(p_step -> 'retry', p_where || ': retry', p_presets),
         p_where || ': timeout_ms: ' || stepready._duration_ms_problem(p_step -> 'timeout_ms', 1),
         p_where || ': on_exhausted: ' || stepready._text_problem(p_step -> 'on_exhausted'),
@@ -629,6 +634,7 @@ DECLARE
     v_tids     bigint[]; -- their task ids
     v_lost     text[];
     v_notified bigint;
+    v_waits    bigint[];
 BEGIN
     IF NOT stepready._validated_write() THEN
         RAISE EXCEPTION 'stepready._create_tasks does not run as the owner its triggers expect (was its owner changed '
@@ -735,7 +741,8 @@ BEGIN
                                          queue, priority, breaker_limit, pending_parents, task_priority,
                                          concurrency_key, concurrency_limit, rate_key, rate_limit, rate_period_ms)
             OVERRIDING SYSTEM VALUE
-            SELECT v_sids[t.off + s.ordinality], t.tid, s.name, s.handler, COALESCE(s.input, '{}'),
+            -- A wait step (SPEC §20) has no handler: its column reads `wait` (its `wait` is written below).
+            SELECT v_sids[t.off + s.ordinality], t.tid, s.name, COALESCE(s.handler, 'wait'), COALESCE(s.input, '{}'),
                    COALESCE((s.retry ->> 'max_attempts')::numeric::int, (f.sp ->> 'max_attempts')::int, t.max_attempts),
                    COALESCE((s.retry ->> 'retryable')::bool, (f.sp ->> 'retryable')::bool, t.retryable),
                    COALESCE(s.retry ->> 'backoff', f.sp ->> 'backoff', t.backoff),
@@ -800,6 +807,26 @@ BEGIN
                            WITH ORDINALITY AS x(st, o)
                      WHERE x.st ? 'map' AND u.tid = ANY (v_ins_ids)) m
              WHERE s.id = m.id;
+        END IF;
+
+        -- Wait steps (sql/059_signals.sql), in the same way: their `wait`, then those without a parent start
+        -- waiting at once (the others when their last parent is satisfied: sql/040_task_status.sql).
+        IF strpos(p_definitions::text, '"wait"') > 0 AND v_ins_ids IS NOT NULL THEN
+            WITH w AS (
+                UPDATE stepready.steps s
+                   SET wait = m.wait, updated_at = now()
+                  FROM (SELECT v_sids[u.off + x.o::int] AS id, x.st -> 'wait' AS wait
+                          FROM unnest(v_new_ords, v_new_ids, v_offs) AS u(ord, tid, off)
+                         CROSS JOIN LATERAL jsonb_array_elements(p_definitions -> (u.ord - 1) -> 'steps')
+                               WITH ORDINALITY AS x(st, o)
+                         WHERE x.st ? 'wait' AND u.tid = ANY (v_ins_ids)) m
+                 WHERE s.id = m.id
+                RETURNING s.id, s.pending_parents
+            )
+            SELECT array_agg(w.id ORDER BY w.id) FILTER (WHERE w.pending_parents = 0) INTO v_waits FROM w;
+            IF v_waits IS NOT NULL THEN
+                PERFORM stepready._wait_enter(v_waits, now());
+            END IF;
         END IF;
 
         IF cardinality(v_ins_ids) = cardinality(v_new_ids) THEN

@@ -59,6 +59,7 @@ AS $$
                s.lease_owner, s.lease_expires_at, s.map_total, s.map_step_id, s.pending_parents, s.queue, s.handler,
                t.status AS task_status, t.paused AS task_paused, t.run_at AS task_run_at,
                s.concurrency_key, s.concurrency_limit, s.rate_key, s.rate_limit, s.rate_period_ms,
+               s.wait, s.wait_until,
                s.state IN ('pending', 'waiting_for_retry') AS waiting,
                stepready.retry_eligible(s.attempts, s.max_attempts, s.retryable) AS eligible
           FROM stepready.steps s
@@ -111,6 +112,23 @@ AS $$
                           ceil(extract(epoch FROM s.lease_expires_at - p_as_of) * 1000)::bigint)),
                NULL, NULL, NULL, NULL, NULL
           FROM s WHERE s.waiting AND stepready._holds_slot(s.state, s.lease_expires_at, p_as_of)
+        UNION ALL
+        -- A wait step that waits (SPEC §20, sql/059_signals.sql): for what, and until when.
+        SELECT s.*, CASE WHEN s.wait ? 'signal' THEN 'waiting_for_signal' ELSE 'sleeping' END,
+               CASE WHEN s.wait ? 'signal' THEN format('waiting for signal "%s"', s.wait ->> 'signal') ELSE 'sleeping' END
+               || CASE WHEN s.wait_until IS NULL THEN ' (no timeout)'
+                       ELSE format(' until %s (in %s)%s',
+                                   to_char(s.wait_until, CASE WHEN s.wait_until::date = p_as_of::date THEN 'HH24:MI:SS'
+                                                              ELSE 'YYYY-MM-DD HH24:MI:SS' END),
+                                   stepready._explain_duration(
+                                       GREATEST(ceil(extract(epoch FROM s.wait_until - p_as_of) * 1000), 0)::bigint),
+                                   CASE WHEN s.wait ? 'signal'
+                                        THEN format(', then %s', CASE WHEN s.wait ->> 'on_timeout' = 'continue'
+                                                                      THEN 'continues with output null'
+                                                                      ELSE 'fails (timeout)' END)
+                                        ELSE '' END) END,
+               NULL, NULL, NULL, NULL, NULL
+          FROM s WHERE s.state = 'waiting'
         UNION ALL
         SELECT s.*, 'waiting_for_dependencies',
                format('waiting for `%s` (%s, attempt %s/%s)', ps.name, ps.state, ps.attempts,

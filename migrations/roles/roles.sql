@@ -67,6 +67,9 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('pause_schedule',             '{operator}'),
     ('resume_schedule',            '{operator}'),
     ('delete_schedule',            '{operator}'),
+    -- Signals (SPEC §20): whoever may create a task may signal it, and operators.
+    ('send_signal',                '{client,operator}'),
+    ('send_signal_to_key',         '{client,operator}'),
     -- Flow control overrides (SPEC §14).
     ('set_flow_limit',             '{operator}'),
     ('clear_flow_limit',           '{operator}');
@@ -82,7 +85,12 @@ CREATE TEMPORARY TABLE stepready_definer (name text PRIMARY KEY) ON COMMIT DROP;
 INSERT INTO stepready_definer (name) VALUES
     ('cancel_task'), ('pause_task'), ('resume_task'), ('retry_step_now'), ('resolve_step'), ('reset_task'),
     ('_step_edges_validate'), ('_step_edges_count'), ('_steps_count_rows'), ('_tasks_run_at'), ('_create_tasks'),
-    ('_map_fan_out');
+    ('_map_fan_out'),
+    -- Signals (SPEC §20): sending writes steps and the mailbox (stepready.signals: every role reads it, with the
+    -- other tables; nobody writes it but these functions), which neither clients nor operators may write;
+    -- a wait step starting to wait reads and writes the mailbox, from a client's plain INSERT too (the commit-time
+    -- trigger) and from a worker's completion of its parent.
+    ('send_signal'), ('send_signal_to_key'), ('_wait_enter'), ('_steps_wait_inserted');
 
 DO $roles$
 DECLARE
