@@ -338,13 +338,14 @@ func (c *Console) answerAction(w http.ResponseWriter, r *http.Request, back, don
 }
 
 // refusal says whether a SQLSTATE is the database saying no to what was asked, whose message the operator should
-// read: an impossible transition (55000), an unknown task or step (P0002), a check (23514), a missing privilege
-// (42501, with the roles that grant it: the console's own role may not act), or any data exception
+// read: an impossible transition or a refused signal (55000), an unknown task or step (P0002), a check (23514), a
+// missing privilege (42501, with the roles that grant it: the console's own role may not act), a value over a
+// limit (54000: a signal's payload over max_output_bytes), or any data exception
 // (class 22: a bad argument, 22023 and 22P02, or a value PostgreSQL cannot store, such as a resolve output holding
 // \u0000, 22P05, or a number out of range, 22003).
 func refusal(code string) bool {
 	switch code {
-	case "55000", "P0002", "23514", "42501":
+	case "55000", "P0002", "23514", "42501", "54000":
 		return true
 	}
 	return strings.HasPrefix(code, "22")

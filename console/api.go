@@ -140,15 +140,18 @@ func decodeSignalRequest(body io.Reader) (signalRequest, string, error) {
 }
 
 // signalRefused answers the error of a signal the library did not send: unknown task 404, refused 409 (a
-// finished task, no step waits for that name), a value the database cannot store 400, a missing privilege 403;
+// finished task, no step waits for that name), a payload over max_output_bytes 413, a value the database cannot
+// store 400, a missing privilege 403;
 // anything else is logged and answered 500 without its details.
 func (c *Console) signalRefused(ctx context.Context, w http.ResponseWriter, err error, taskField string) {
 	var pgErr *pgconn.PgError
 	switch {
 	case errors.Is(err, stepready.ErrNotFound):
 		apiFail(w, http.StatusNotFound, taskField, "%v", err)
-	case errors.Is(err, stepready.ErrSignalRefused):
+	case errors.Is(err, stepready.ErrSignalRefused) || (errors.As(err, &pgErr) && pgErr.Code == "55000"):
 		apiFail(w, http.StatusConflict, "name", "%v", err)
+	case errors.As(err, &pgErr) && pgErr.Code == "54000":
+		apiFail(w, http.StatusRequestEntityTooLarge, "payload", "%s", pgErr.Message)
 	case errors.As(err, &pgErr) && pgErr.Code == "42501":
 		apiFail(w, http.StatusForbidden, "", "%v", store.NameGrantingRoles(ctx, c.pool, err))
 	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):

@@ -49,6 +49,17 @@ func (f *actionsFixture) signalCount(task int64) int {
 	return n
 }
 
+// signalOutcome returns the state and output of step name of task, and the actor of the signal.received event of
+// signal id.
+func (f *actionsFixture) signalOutcome(task int64, name string, id int64) (state, output, actor string) {
+	f.t.Helper()
+	require.NoError(f.t, f.pool.QueryRow(f.t.Context(), `SELECT s.state, s.output::text,
+		(SELECT e.details ->> 'actor' FROM stepready.step_events e
+		  WHERE e.task_id = s.task_id AND e.event = 'signal.received' AND (e.details ->> 'signal_id')::bigint = $3)
+		FROM stepready.steps s WHERE s.task_id = $1 AND s.name = $2`, task, name, id).Scan(&state, &output, &actor))
+	return state, output, actor
+}
+
 // POST /api/signals (SPEC §20, issue 22): the bearer token, a bad body named by its field, an unknown task, a
 // refused signal, a delivered one (201 with its id, the step complete with the payload), an idempotent repeat.
 func TestSignalAPI(t *testing.T) {
@@ -97,6 +108,13 @@ func TestSignalAPI(t *testing.T) {
 	status, out = f.api(testToken, fmt.Sprintf(`{"task_id": %d, "name": "approved", "payload": "\u0000"}`, task))
 	require.Equal(t, http.StatusBadRequest, status, out)
 	require.Equal(t, "payload", out["field"])
+	f.exec(`UPDATE stepready.settings SET value = '50' WHERE name = 'max_output_bytes'`)
+	status, out = f.api(testToken, fmt.Sprintf(`{"task_id": %d, "name": "approved", "payload": "%s"}`, task,
+		strings.Repeat("x", 60)))
+	require.Equal(t, http.StatusRequestEntityTooLarge, status, out)
+	require.Equal(t, "payload", out["field"])
+	require.Contains(t, out["error"], "over the limit of 50 bytes")
+	f.exec(`UPDATE stepready.settings SET value = '1048576' WHERE name = 'max_output_bytes'`)
 	require.Zero(t, f.signalCount(task), "nothing was kept of the refusals")
 
 	// Delivered: the step completes with the payload as its output.
@@ -104,10 +122,7 @@ func TestSignalAPI(t *testing.T) {
 	require.Equal(t, http.StatusCreated, status, out)
 	id := int64(out["id"].(float64))
 	require.Positive(t, id)
-	var state, output, actor string
-	require.NoError(t, f.pool.QueryRow(t.Context(), `SELECT s.state, s.output::text,
-		(SELECT e.details ->> 'actor' FROM stepready.step_events e WHERE e.step_id = s.id AND e.event = 'signal.received')
-		FROM stepready.steps s WHERE s.task_id = $1 AND s.name = 'approve'`, task).Scan(&state, &output, &actor))
+	state, output, actor := f.signalOutcome(task, "approve", id)
 	require.Equal(t, "complete", state)
 	require.JSONEq(t, `{"by": "ada", "note": "\"quoted\" é"}`, output)
 	require.Equal(t, "api", actor)
@@ -203,10 +218,9 @@ func TestSignalForm(t *testing.T) {
 	require.Contains(t, body, `signal &#34;approved&#34; sent to task`)
 	require.Contains(t, body, "&lt;b&gt;ada&lt;/b&gt;", "the mailbox shows the payload, escaped")
 	require.Contains(t, body, `id="mailbox"`)
-	var state, output, actor string
-	require.NoError(t, f.pool.QueryRow(t.Context(), `SELECT s.state, s.output::text,
-		(SELECT e.details ->> 'actor' FROM stepready.step_events e WHERE e.step_id = s.id AND e.event = 'signal.received')
-		FROM stepready.steps s WHERE s.id = $1`, approve).Scan(&state, &output, &actor))
+	var id int64
+	require.NoError(t, f.pool.QueryRow(t.Context(), `SELECT id FROM stepready.signals WHERE task_id = $1`, task).Scan(&id))
+	state, output, actor := f.signalOutcome(task, "approve", id)
 	require.Equal(t, "complete", state)
 	require.JSONEq(t, `{"by": "<b>ada</b>"}`, output)
 	require.Equal(t, "ui", actor)
