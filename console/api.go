@@ -154,6 +154,9 @@ func (c *Console) signalRefused(ctx context.Context, w http.ResponseWriter, err 
 		apiFail(w, http.StatusRequestEntityTooLarge, "payload", "%s", pgErr.Message)
 	case errors.As(err, &pgErr) && pgErr.Code == "42501":
 		apiFail(w, http.StatusForbidden, "", "%v", store.NameGrantingRoles(ctx, c.pool, err))
+	case errors.As(err, &pgErr) && pgErr.Code == "22023":
+		// The arguments send_signal checks that decodeSignalRequest has not: a name over 255 characters.
+		apiFail(w, http.StatusBadRequest, "name", "%s", pgErr.Message)
 	case errors.As(err, &pgErr) && strings.HasPrefix(pgErr.Code, "22"):
 		msg := pgErr.Message
 		if pgErr.Detail != "" {

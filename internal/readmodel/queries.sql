@@ -243,6 +243,21 @@ SELECT k, COALESCE(sum(delay) OVER (ORDER BY k ROWS BETWEEN UNBOUNDED PRECEDING 
 -- name: setseed
 SELECT setseed($1);
 
+-- name: signals
+-- A task's signals (SPEC §20, stepready.signals), oldest first, with the name of the step that consumed each.
+SELECT g.id, g.task_id, g.name, g.payload, g.idempotency_key, g.created_at, g.consumed_by, s.name, g.consumed_at
+  FROM stepready.signals g
+  LEFT JOIN stepready.steps s ON s.id = g.consumed_by
+ WHERE g.task_id = $1
+ ORDER BY g.id;
+
+-- name: signal
+-- One signal by id.
+SELECT g.id, g.task_id, g.name, g.payload, g.idempotency_key, g.created_at, g.consumed_by, s.name, g.consumed_at
+  FROM stepready.signals g
+  LEFT JOIN stepready.steps s ON s.id = g.consumed_by
+ WHERE g.id = $1;
+
 -- name: waiting_for_signal
 -- WaitingForSignal: the steps of tasks $1 waiting for a signal now (SPEC §20), oldest first, through
 -- steps_waiting_signal_idx.

@@ -420,6 +420,20 @@ func TestEveryQueryRuns(t *testing.T) {
 	require.NoError(t, err)
 	_, err = c.Poll(ctx, r, 10, time.Now())
 	require.NoError(t, err)
+	var waitTask, signalID int64
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT stepready.create_task('{"name": "w",
+		"steps": [{"name": "w", "wait": {"signal": "go"}}]}')`).Scan(&waitTask))
+	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT stepready.send_signal($1, 'go', '{"ok": true}')`, waitTask).
+		Scan(&signalID))
+	sigs, err := readmodel.Signals(ctx, r, waitTask)
+	require.NoError(t, err)
+	require.Len(t, sigs, 1)
+	require.Equal(t, "w", *sigs[0].ConsumedByName)
+	g, err := readmodel.ReadSignal(ctx, r, signalID)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"ok": true}`, string(g.Payload))
+	_, err = readmodel.Signals(ctx, r, -1)
+	require.ErrorIs(t, err, readmodel.ErrNotFound)
 
 	var missing []string
 	for _, name := range readmodel.QueryNames() {

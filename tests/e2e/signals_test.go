@@ -36,8 +36,8 @@ func clientPool(t *testing.T, b *bundle) *pgxpool.Pool {
 	return pool
 }
 
-// waitStep polls the state of step name of task taskID until it is want.
-func (b *bundle) waitStep(t *testing.T, taskID int64, name, want string, timeout time.Duration) {
+// waitNamedStep polls the state of step name of task taskID until it is want.
+func (b *bundle) waitNamedStep(t *testing.T, taskID int64, name, want string, timeout time.Duration) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	var state string
@@ -94,14 +94,14 @@ func TestSignalsEndToEnd(t *testing.T) {
 			bufferedID := b.createTask(t, fmt.Sprintf(signalDefinition, "hold"))
 
 			// Sent while the step waits.
-			b.waitStep(t, waitingID, "approve", "waiting", 30*time.Second)
+			b.waitNamedStep(t, waitingID, "approve", "waiting", 30*time.Second)
 			id1, err := stepready.SendSignal(ctx, client, waitingID, "approved",
 				json.RawMessage(`{"by": "ada", "note": "quotes \" and unicode é ✓"}`), stepready.SignalOptions{})
 			require.NoError(t, err)
 
 			// Sent before the parents finished: charge still runs, so approve is pending and the signal waits
 			// in the mailbox.
-			b.waitStep(t, bufferedID, "charge", "in_progress", 30*time.Second)
+			b.waitNamedStep(t, bufferedID, "charge", "in_progress", 30*time.Second)
 			id2, err := stepready.SendSignal(ctx, client, bufferedID, "approved",
 				json.RawMessage(`{"by": "grace", "note": "early"}`), stepready.SignalOptions{IdempotencyKey: "k1"})
 			require.NoError(t, err)
