@@ -35,6 +35,9 @@ type StepDetail struct {
 	// WaitUntil is, while the step is waiting, when its sleep ends or its signal wait times out (nil: it waits for
 	// a signal without a timeout, or it is not waiting).
 	WaitUntil *time.Time `json:"wait_until,omitempty"`
+	// Signals are, of a wait step, its task's mailbox (every signal of the task, oldest first: what each step
+	// waits for and what it got); nil for a step run by a handler.
+	Signals []Signal `json:"signals,omitempty"`
 	AsOf      time.Time  `json:"as_of"`
 	// Reasons are every reason the step may not start now, in precedence order (when it is ready: its wait for a
 	// worker, waiting_for_worker).
@@ -118,8 +121,16 @@ func ReadStepPage(ctx context.Context, db Beginner, taskID, stepID int64, opts S
 		if d.Attempts, err = collect(ctx, tx, "attempts", scanAttempt, taskID, stepID); err != nil {
 			return err
 		}
-		if d.Events, _, err = eventsPage(ctx, tx, taskID, stepID, 0, StepEventsLimit); err != nil || d.Map == nil {
+		if d.Events, _, err = eventsPage(ctx, tx, taskID, stepID, 0, StepEventsLimit); err != nil {
 			return err
+		}
+		if len(d.Wait) > 0 {
+			if d.Signals, err = collect(ctx, tx, "signals", scanSignal, taskID); err != nil {
+				return err
+			}
+		}
+		if d.Map == nil {
+			return nil
 		}
 		// One more than the page says whether another follows.
 		if d.Elements, err = collect(ctx, tx, "elements", func(row pgx.Row, e *Element) error {
