@@ -110,7 +110,8 @@ func newRootCommandWith(opts *globalOptions) *cobra.Command {
 	root.AddCommand(newMigrateCommand(opts), newRunCommand(opts), newDemoCommand(opts))
 	root.AddCommand(newExplainCommand(opts), newTaskCommand(opts), newStepCommand(opts), newTemplateCommand(opts),
 		newPolicyCommand(opts))
-	root.AddCommand(newScheduleCommand(opts), newPruneCommand(opts), newUICommand(opts), newFlowCommand(opts))
+	root.AddCommand(newScheduleCommand(opts), newPruneCommand(opts), newUICommand(opts), newFlowCommand(opts),
+		newSignalCommand(opts))
 	return root
 }
 

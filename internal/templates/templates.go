@@ -237,6 +237,17 @@ type stepKeys struct {
 	Concurrency   *flowKeys  `yaml:"concurrency"`
 	RateLimit     *flowKeys  `yaml:"rate_limit"`
 	Map           *mapKeys   `yaml:"map"`
+	Wait          *waitKeys  `yaml:"wait"`
+}
+
+// waitKeys is a wait step's wait (SPEC §20): a signal with its timeout, or a sleep; the database checks which
+// go together.
+type waitKeys struct {
+	Signal     any `yaml:"signal"`
+	TimeoutMs  any `yaml:"timeout_ms"`
+	OnTimeout  any `yaml:"on_timeout"`
+	DurationMs any `yaml:"duration_ms"`
+	Until      any `yaml:"until"`
 }
 
 // mapKeys is a map step's fan-out (SPEC §19): what it maps over and its limits, which the database checks.

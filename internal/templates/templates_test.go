@@ -261,3 +261,37 @@ func TestParseDefinitions(t *testing.T) {
 		})
 	}
 }
+
+// Wait steps (SPEC §20) in YAML: the keys are known, an unknown one is reported with its line, and the
+// database's checks name the step (a handler beside the wait, a negative timeout).
+func TestParseWaitSteps(t *testing.T) {
+	t.Parallel()
+	tmpl, err := Parse("w.yaml", []byte(`
+name: approval
+steps:
+  - {name: charge, handler: noop}
+  - name: approve
+    depends_on: [charge]
+    wait: {signal: approval, timeout_ms: 86400000, on_timeout: fail}
+  - {name: remind, depends_on: [charge], wait: {duration_ms: 5000}}
+  - {name: at, depends_on: [charge], wait: {until: "${deps.charge.remind_at}"}}
+`))
+	require.NoError(t, err)
+	require.JSONEq(t, `{"name": "approval", "steps": [{"name": "charge", "handler": "noop"},
+		{"name": "approve", "depends_on": ["charge"], "wait": {"signal": "approval", "timeout_ms": 86400000, "on_timeout": "fail"}},
+		{"name": "remind", "depends_on": ["charge"], "wait": {"duration_ms": 5000}},
+		{"name": "at", "depends_on": ["charge"], "wait": {"until": "${deps.charge.remind_at}"}}]}`, string(tmpl.Definition))
+
+	_, err = Parse("w.yaml", []byte("name: x\nsteps:\n  - name: a\n    wait: {signal: s, timout_ms: 5}\n"))
+	require.ErrorContains(t, err, `w.yaml: [4:23] unknown field "timout_ms"`)
+
+	db := pgtest.New(t)
+	for yaml, want := range map[string]string{
+		"name: b\nsteps: [{name: a, handler: noop, wait: {signal: s}}]\n": `steps[0] "a": handler and wait`,
+		"name: c\nsteps: [{name: a, wait: {signal: s, timeout_ms: -1}}]\n": `steps[0] "a": wait.timeout_ms: must be an integer >= 0, got -1`,
+	} {
+		bad, err := Parse("bad.yaml", []byte(yaml))
+		require.NoError(t, err)
+		require.ErrorContains(t, Store(t.Context(), db.Pool, []Template{bad}), want)
+	}
+}

@@ -74,11 +74,14 @@ func TestReadinessReasonsPrecedence(t *testing.T) {
 			b.setStep(ids["s"], `state = 'enqueued', completed_at = NULL, lease_owner = 'w', lease_expires_at = $2`,
 				at.Add(time.Hour))
 		}},
-		{"waiting_for_dependencies", func() {
-			b.setStep(ids["s"], `state = 'waiting_for_retry', lease_owner = NULL, lease_expires_at = NULL,
+		{"waiting_for_signal", func() {
+			// A wait step (SPEC §20) waiting for its signal; every reason below still applies to its row.
+			b.setStep(ids["s"], `state = 'waiting', lease_owner = NULL, lease_expires_at = NULL, wait = '{"signal": "go"}',
 				attempts = 1, max_attempts = 1, retryable = false, next_attempt_at = $2`, at.Add(time.Hour))
 			b.setTask(task, `status = 'in_progress'`)
 		}},
+		{"sleeping", func() { b.setStep(ids["s"], `wait = '{"duration_ms": 5}'`) }},
+		{"waiting_for_dependencies", func() { b.setStep(ids["s"], `state = 'waiting_for_retry', wait = NULL`) }},
 		{"map_window", func() {
 			// s becomes an element (of p, for the test) held out of its map's window.
 			b.setStep(ids["p"], `state = 'complete', attempts = 1, completed_at = $2`, at)
@@ -128,8 +131,8 @@ func TestExecutionStatusesPrecedence(t *testing.T) {
 		return b.execContext(task, at).ExecutionStatus
 	}
 
-	// One step for each status: e fails, r is ready, f is in flight, fl is held by its key (held by h of
-	// another task), bo waits out a backoff, d waits for x, which has used its attempts.
+	// One step for each status: e fails, r is ready, f is in flight, wt waits for a signal, fl is held by its key
+	// (held by h of another task), bo waits out a backoff, d waits for x, which has used its attempts.
 	task := b.createTask(`{"name": "statuses", "steps": [
 		{"name": "e", "handler": "noop"},
 		{"name": "r", "handler": "noop"},
@@ -137,7 +140,8 @@ func TestExecutionStatusesPrecedence(t *testing.T) {
 		{"name": "fl", "handler": "noop", "concurrency": {"key": "k", "limit": 1}},
 		{"name": "bo", "handler": "noop"},
 		{"name": "x", "handler": "noop"},
-		{"name": "d", "handler": "noop", "depends_on": ["x"]}]}`)
+		{"name": "d", "handler": "noop", "depends_on": ["x"]},
+		{"name": "wt", "handler": "noop"}]}`)
 	ids := b.stepIDs(task)
 	holderTask := b.createTask(`{"name": "holder", "steps": [
 		{"name": "h", "handler": "noop", "concurrency": {"key": "k", "limit": 1}}]}`)
@@ -151,6 +155,7 @@ func TestExecutionStatusesPrecedence(t *testing.T) {
 	b.setStep(ids["bo"], `state = 'waiting_for_retry', attempts = 1, next_attempt_at = $2`, at.Add(time.Minute))
 	b.setStep(ids["x"], `state = 'waiting_for_retry', attempts = 3, max_attempts = 3`)
 	b.setStep(ids["e"], `state = 'error', attempts = 3, max_attempts = 3`)
+	b.setStep(ids["wt"], `state = 'waiting', attempts = 1, wait = '{"signal": "go"}'`)
 
 	stages := []struct {
 		want string
@@ -163,7 +168,8 @@ func TestExecutionStatusesPrecedence(t *testing.T) {
 		{"processing", func() { complete("r") }},
 		// all_complete cannot hold beside the statuses below it (they all have an unsatisfied step): checked on a
 		// task of its own, below.
-		{"scheduled", func() { complete("f"); b.setTask(task, `run_at = $2`, at.Add(time.Hour)) }},
+		{"waiting", func() { complete("f") }},
+		{"scheduled", func() { complete("wt"); b.setTask(task, `run_at = $2`, at.Add(time.Hour)) }},
 		{"flow_limited", func() { b.setTask(task, `run_at = NULL`) }},
 		{"waiting_for_retry", func() { complete("fl") }},
 		{"waiting_for_dependencies", func() { complete("bo") }},

@@ -379,7 +379,6 @@ func TestSignalTimeoutBoundaries(t *testing.T) {
 	}
 }
 
-
 func TestSendSignalRefusals(t *testing.T) {
 	t.Parallel()
 	b := lifecycleSetup(t)
