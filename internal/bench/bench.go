@@ -163,6 +163,22 @@ type Env struct {
 	// bouncer is the run's PgBouncer (Options.PgBouncer), else nil.
 	bouncer *pgcluster.PgBouncer
 	n       int
+	// keepPrevious makes the next NewDB leave the previous measurement's database in place (two databases
+	// measured interleaved); the caller drops it with dropDB.
+	keepPrevious bool
+}
+
+// dropDB drops database bench_n (one kept by keepPrevious).
+func (e *Env) dropDB(ctx context.Context, n int) error {
+	admin, err := pgxpool.New(ctx, e.Cluster.URL)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS bench_%d WITH (FORCE)", n)); err != nil {
+		return fmt.Errorf("bench: drop database bench_%d: %w", n, err)
+	}
+	return nil
 }
 
 // NewDB creates and migrates a fresh database, returning a pool with the default search_path and the URL of the
@@ -176,7 +192,7 @@ func (e *Env) NewDB(ctx context.Context, maxConns int) (*pgxpool.Pool, string, e
 		return nil, "", err
 	}
 	defer admin.Close()
-	if e.n > 0 {
+	if e.n > 0 && !e.keepPrevious {
 		if _, err := admin.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS bench_%d WITH (FORCE)", e.n)); err != nil {
 			return nil, "", fmt.Errorf("bench: drop the previous database: %w", err)
 		}
