@@ -46,7 +46,7 @@ AS $$
         (3, 'blocked_by_failures', 'a step is in `error`'),
         (4, 'has_ready_steps', 'a step is ready'),
         (5, 'processing', 'a step is in flight (`enqueued`, `in_progress`, or held by an earlier attempt''s orphaned lease)'),
-        (6, 'waiting', 'a wait step is `waiting` for a signal or for its time (SPEC §20): the task is running, not stalled'),
+        (6, 'waiting', 'a wait step is `waiting` for a signal or for its time: the task is running, not stalled'),
         (7, 'all_complete', 'it has steps, and every one is `complete`, `resolved_manually` or `skipped`'),
         (8, 'scheduled', 'its `run_at` is still to come'),
         (9, 'flow_limited', 'a step is held back only by its concurrency or rate key'),
