@@ -37,8 +37,8 @@ type StepDetail struct {
 	WaitUntil *time.Time `json:"wait_until,omitempty"`
 	// Signals are, of a wait step, its task's mailbox (every signal of the task, oldest first: what each step
 	// waits for and what it got); nil for a step run by a handler.
-	Signals []Signal `json:"signals,omitempty"`
-	AsOf      time.Time  `json:"as_of"`
+	Signals []Signal  `json:"signals,omitempty"`
+	AsOf    time.Time `json:"as_of"`
 	// Reasons are every reason the step may not start now, in precedence order (when it is ready: its wait for a
 	// worker, waiting_for_worker).
 	Reasons  []Reason  `json:"reasons"`
