@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/store"
 	"github.com/stepready/stepready/steps"
 )
 
@@ -226,11 +227,26 @@ func signalClaim(ctx context.Context, env *Env, size Size, n int) (none, many ti
 // autocommit `SELECT send_signal(…)`. It returns, for each way, per task, the signal's created_at (the now() of
 // the sending transaction) → the dependent step's last_attempted_at.
 func signalLatency(ctx context.Context, env *Env, n int) (library, autocommit []time.Duration, err error) {
-	pool, _, err := env.NewDB(ctx, 20)
+	pool, url, err := env.NewDB(ctx, 20)
 	if err != nil {
 		return nil, nil, err
 	}
 	defer pool.Close()
+	// The sender has a connection of its own, kept warm like a webhook server's: on the client's pool of 20 a send
+	// often landed on a connection that had never planned send_signal's statements, which cost milliseconds.
+	senderCfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, nil, err
+	}
+	senderCfg.MaxConns = 1
+	if env.bouncer != nil {
+		store.UsePoolerQueryMode(senderCfg.ConnConfig)
+	}
+	sender, err := pgxpool.NewWithConfig(ctx, senderCfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	defer sender.Close()
 	last := make(chan int64, 1)
 	reg := steps.NewRegistry()
 	reg.MustRegister("noop", steps.HandlerFunc(func(_ context.Context, s *steps.Step) (any, error) {
@@ -268,10 +284,10 @@ func signalLatency(ctx context.Context, env *Env, n int) (library, autocommit []
 			return nil, nil, err
 		}
 		if i%2 == 0 {
-			_, err = stepready.SendSignal(ctx, pool, id, "go", json.RawMessage(`{"by": "bench"}`),
+			_, err = stepready.SendSignal(ctx, sender, id, "go", json.RawMessage(`{"by": "bench"}`),
 				stepready.SignalOptions{})
 		} else {
-			_, err = pool.Exec(ctx, `SELECT stepready.send_signal($1, 'go', '{"by": "bench"}')`, id)
+			_, err = sender.Exec(ctx, `SELECT stepready.send_signal($1, 'go', '{"by": "bench"}')`, id)
 		}
 		if err != nil {
 			return nil, nil, err
