@@ -472,7 +472,7 @@ BEGIN
     -- The oldest step waiting for it now. Its row lock is waited for: whoever holds a waiting step's row holds
     -- no mailbox lock it could want from us (the timers only try theirs; operators take the mailbox lock first).
     SELECT s.id INTO v_step FROM stepready.steps s
-     WHERE s.task_id = p_task_id AND s.state = 'waiting' AND s.wait ->> 'signal' = p_name
+     WHERE s.task_id = p_task_id AND s.state = 'waiting' AND s.wait ? 'signal' AND s.wait ->> 'signal' = p_name
      ORDER BY s.id LIMIT 1
        FOR UPDATE;
     IF v_step IS NULL THEN

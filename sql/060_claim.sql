@@ -397,8 +397,9 @@ BEGIN
     END IF;
     -- Durable sleeps and signal timeouts that are due (SPEC §20, sql/059_signals.sql) end first, in the claim's
     -- own transaction: their dependents are claimable by this very claim. One probe of steps_wait_due_idx when
-    -- none is due.
-    IF EXISTS (SELECT 1 FROM stepready.steps s WHERE s.state = 'waiting' AND s.wait_until <= p_as_of) THEN
+    -- none is due (the first deadline, in the index's order: no other index can serve it).
+    IF (SELECT s.wait_until FROM stepready.steps s WHERE s.state = 'waiting' AND s.wait_until IS NOT NULL
+         ORDER BY s.wait_until LIMIT 1) <= p_as_of THEN
         PERFORM stepready._fire_due_waits(p_as_of);
     END IF;
     SELECT r.p_rq, r.p_rh INTO v_rq, v_rh FROM stepready._claim_routes(p_queues, p_handlers) r;
@@ -603,7 +604,7 @@ BEGIN
                      AND COALESCE(s.next_attempt_at, '-infinity'::timestamptz) > p_as_of),
                  stepready.next_flow_at(p_as_of), -- a rate key's next token (SPEC §14)
                  -- the next sleep to end or signal wait to time out (SPEC §20): the claim fires it
-                 (SELECT min(s.wait_until) FROM stepready.steps s
-                   WHERE s.state = 'waiting' AND s.wait_until > p_as_of));
+                 (SELECT s.wait_until FROM stepready.steps s
+                   WHERE s.state = 'waiting' AND s.wait_until > p_as_of ORDER BY s.wait_until LIMIT 1));
 END;
 $$;

@@ -33,7 +33,10 @@ BEGIN
                -- triggers of plain INSERTs and UPDATEs
                '_steps_materialize', '_tasks_validate_retry', '_tasks_notify_run_at', '_step_edges_validate',
                '_step_edges_count', '_steps_count_rows', '_steps_notify', '_steps_after_update',
-               '_steps_delete_edges', '_steps_check_refs')
+               '_steps_delete_edges', '_steps_check_refs',
+               -- signals and wait steps (sql/059_signals.sql): the claims' timers, a wait's start, a delivery
+               'send_signal', 'send_signal_to_key', '_fire_due_waits', '_wait_enter', '_signal_deliver', '_wait_fail',
+               '_steps_wait_inserted')
     LOOP
         EXECUTE format('ALTER FUNCTION %s SET jit = off', r.fn);
     END LOOP;

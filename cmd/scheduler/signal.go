@@ -17,7 +17,7 @@ import (
 // read model's mailbox (readmodel.Signals).
 
 // cliSignalActor is the actor the CLI's signals record (details.actor of their signal.received events).
-var cliSignalActor = "cli"
+const cliSignalActor = "cli"
 
 // signalPayloadChars is how many characters of a payload `signal list` prints in its table.
 const signalPayloadChars = 60

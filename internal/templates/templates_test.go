@@ -287,7 +287,7 @@ steps:
 
 	db := pgtest.New(t)
 	for yaml, want := range map[string]string{
-		"name: b\nsteps: [{name: a, handler: noop, wait: {signal: s}}]\n": `steps[0] "a": handler and wait`,
+		"name: b\nsteps: [{name: a, handler: noop, wait: {signal: s}}]\n":  `steps[0] "a": handler and wait`,
 		"name: c\nsteps: [{name: a, wait: {signal: s, timeout_ms: -1}}]\n": `steps[0] "a": wait.timeout_ms: must be an integer >= 0, got -1`,
 	} {
 		bad, err := Parse("bad.yaml", []byte(yaml))
