@@ -4,17 +4,19 @@
 -- database (received), those a step consumed (delivered) and those not consumed yet (buffered, waiting for their
 -- step to start waiting).
 --
--- Cost: the waiting steps are read through the partial index steps_waiting_signal_idx (state = 'waiting'), so a
--- table of finished steps costs nothing; the mailbox is counted whole (retention bounds it: a task's signals are
--- pruned with it), the buffered ones through signals_unconsumed_idx.
+-- Cost: each count reads one partial index and no finished step: the signal waits through
+-- steps_waiting_signal_idx (its predicate: state = 'waiting' AND wait ? 'signal'), the sleeps through the timers'
+-- steps_wait_due_idx (a waiting sleep always has its wait_until). The mailbox is counted whole (retention bounds
+-- it: a task's signals are pruned with it), the buffered ones through signals_unconsumed_idx.
 CREATE OR REPLACE FUNCTION stepready.signal_stats()
 RETURNS TABLE (waiting_for_signal bigint, sleeping bigint, received bigint, delivered bigint, buffered bigint)
 LANGUAGE sql STABLE
+SET jit = off
 AS $$
-    SELECT w.for_signal, w.sleeping, g.received, g.received - g.buffered, g.buffered
-      FROM (SELECT count(*) FILTER (WHERE s.wait ? 'signal')     AS for_signal,
-                   count(*) FILTER (WHERE NOT (s.wait ? 'signal')) AS sleeping
-              FROM stepready.steps s WHERE s.state = 'waiting') w,
-           (SELECT count(*) AS received, count(*) FILTER (WHERE x.consumed_by IS NULL) AS buffered
-              FROM stepready.signals x) g;
+    SELECT (SELECT count(*) FROM stepready.steps s WHERE s.state = 'waiting' AND s.wait ? 'signal'),
+           (SELECT count(*) FROM stepready.steps s
+             WHERE s.state = 'waiting' AND s.wait_until IS NOT NULL AND NOT s.wait ? 'signal'),
+           g.received, g.received - g.buffered, g.buffered
+      FROM (SELECT (SELECT count(*) FROM stepready.signals) AS received,
+                   (SELECT count(*) FROM stepready.signals x WHERE x.consumed_by IS NULL) AS buffered) g;
 $$;
