@@ -125,7 +125,7 @@ func signals(ctx context.Context, env *Env, size Size) ([]Row, error) {
 		return nil, err
 	}
 	hopP50 := percentile(hops, 50)
-	lib, raw, err := signalLatency(ctx, env, size.LatencyTasks)
+	lib, raw, calls, err := signalLatency(ctx, env, size.LatencyTasks)
 	if err != nil {
 		return nil, fmt.Errorf("signal latency: %w", err)
 	}
@@ -148,7 +148,11 @@ func signals(ctx context.Context, env *Env, size Size) ([]Row, error) {
 		latencyRow(fmt.Sprintf("stepready.SendSignal → dependent started, p99 of %d", len(lib)), percentile(lib, 99), false),
 		latencyRow(fmt.Sprintf("autocommit send_signal → dependent started, p50 of %d", len(raw)), percentile(raw, 50), true),
 		latencyRow(fmt.Sprintf("scenario 3's parent complete → child started, p50 of %d (same run)", len(chain.handoff)),
-			percentile(chain.handoff, 50), false))
+			percentile(chain.handoff, 50), false),
+		latencyRow(fmt.Sprintf("the SendSignal call alone (Go clock, with its commit), p50 of %d", len(calls[0])),
+			percentile(calls[0], 50), false),
+		latencyRow(fmt.Sprintf("the autocommit send_signal alone (Go clock), p50 of %d", len(calls[1])),
+			percentile(calls[1], 50), false))
 
 	sends, creates, err := signalThroughput(ctx, env)
 	if err != nil {
@@ -225,18 +229,20 @@ func signalClaim(ctx context.Context, env *Env, size Size, n int) (none, many ti
 // first step waits, sends its signal, and waits until the task is complete. The signal goes alternately through
 // stepready.SendSignal (its transaction: BEGIN, the actor's set_config, send_signal, COMMIT) and through one
 // autocommit `SELECT send_signal(…)`. It returns, for each way, per task, the signal's created_at (the now() of
-// the sending transaction) → the dependent step's last_attempted_at.
-func signalLatency(ctx context.Context, env *Env, n int) (library, autocommit []time.Duration, err error) {
+// the sending transaction) → the dependent step's last_attempted_at; and the durations of the calls themselves on
+// the Go clock (calls[0]: SendSignal, calls[1]: the autocommit statement), each with its commit.
+func signalLatency(ctx context.Context, env *Env, n int) (library, autocommit []time.Duration, calls [][]time.Duration,
+	err error) {
 	pool, url, err := env.NewDB(ctx, 20)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer pool.Close()
 	// The sender has a connection of its own, kept warm like a webhook server's: on the client's pool of 20 a send
 	// often landed on a connection that had never planned send_signal's statements, which cost milliseconds.
 	senderCfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	senderCfg.MaxConns = 1
 	if env.bouncer != nil {
@@ -244,7 +250,7 @@ func signalLatency(ctx context.Context, env *Env, n int) (library, autocommit []
 	}
 	sender, err := pgxpool.NewWithConfig(ctx, senderCfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer sender.Close()
 	last := make(chan int64, 1)
@@ -264,10 +270,10 @@ func signalLatency(ctx context.Context, env *Env, n int) (library, autocommit []
 		Concurrency: 10, PollInterval: poll, PollOnly: env.Options.PollOnly,
 		Logger: env.Logger.With("component", "client")})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if err := c.Start(ctx); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	defer func() {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 30*time.Second)
@@ -275,14 +281,16 @@ func signalLatency(ctx context.Context, env *Env, n int) (library, autocommit []
 		_ = c.Stop(stopCtx)
 	}()
 	var ids []int64
+	calls = make([][]time.Duration, 2)
 	for i := range latencyWarmup + 2*n {
 		id, err := stepready.CreateTask(ctx, pool, waitingDefinition)
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if err := waitStepState(ctx, pool, id, "approve", "waiting"); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
+		begin := time.Now()
 		if i%2 == 0 {
 			_, err = stepready.SendSignal(ctx, sender, id, "go", json.RawMessage(`{"by": "bench"}`),
 				stepready.SignalOptions{})
@@ -290,10 +298,13 @@ func signalLatency(ctx context.Context, env *Env, n int) (library, autocommit []
 			_, err = sender.Exec(ctx, `SELECT stepready.send_signal($1, 'go', '{"by": "bench"}')`, id)
 		}
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
+		}
+		if i >= latencyWarmup {
+			calls[i%2] = append(calls[i%2], time.Since(begin))
 		}
 		if err := waitChain(ctx, pool, id, last); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		if i >= latencyWarmup {
 			ids = append(ids, id)
@@ -312,19 +323,19 @@ func signalLatency(ctx context.Context, env *Env, n int) (library, autocommit []
 	if err := pool.QueryRow(ctx, `SELECT count(*) FROM stepready.steps
 		WHERE task_id = ANY($1) AND name = 'after' AND (state <> 'complete' OR attempts <> 1)`,
 		ids).Scan(&bad); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if bad > 0 {
-		return nil, nil, fmt.Errorf("%d dependent steps did not complete at their first attempt", bad)
+		return nil, nil, nil, fmt.Errorf("%d dependent steps did not complete at their first attempt", bad)
 	}
 	const q = `SELECT (extract(epoch FROM d.last_attempted_at - s.created_at) * 1e6)::bigint
 		FROM stepready.signals s JOIN stepready.steps d ON d.task_id = s.task_id AND d.name = 'after'
 		WHERE s.task_id = ANY($1)`
 	if library, err = durations(ctx, pool, q, lib); err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	autocommit, err = durations(ctx, pool, q, raw)
-	return library, autocommit, err
+	return library, autocommit, calls, err
 }
 
 // waitStepState polls every millisecond until step name of task id is in state want (for at most
