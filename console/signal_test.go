@@ -108,6 +108,10 @@ func TestSignalAPI(t *testing.T) {
 	status, out = f.api(testToken, fmt.Sprintf(`{"task_id": %d, "name": "approved", "payload": "\u0000"}`, task))
 	require.Equal(t, http.StatusBadRequest, status, out)
 	require.Equal(t, "payload", out["field"])
+	status, out = f.api(testToken, fmt.Sprintf(`{"task_id": %d, "name": "%s"}`, task, strings.Repeat("n", 256)))
+	require.Equal(t, http.StatusBadRequest, status, out)
+	require.Equal(t, "name", out["field"])
+	require.Contains(t, out["error"], "at most 255 characters")
 	f.exec(`UPDATE stepready.settings SET value = '50' WHERE name = 'max_output_bytes'`)
 	status, out = f.api(testToken, fmt.Sprintf(`{"task_id": %d, "name": "approved", "payload": "%s"}`, task,
 		strings.Repeat("x", 60)))
