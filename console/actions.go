@@ -298,12 +298,20 @@ func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
 // runAction runs the library's operator action a on id (actor "ui"), and sends the browser back to back with the
 // outcome: a refusal of the database is a message, not an error page.
 func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done string, a action, id int64) {
-	err := store.NameGrantingRoles(r.Context(), c.pool, a.call(r.Context(), c.pool, id, r))
+	c.answerAction(w, r, back, done, a.call(r.Context(), c.pool, id, r))
+}
+
+// answerAction sends the browser back to back with the outcome err of an action (nil: done): a refusal of the
+// database is a message, not an error page.
+func (c *Console) answerAction(w http.ResponseWriter, r *http.Request, back, done string, err error) {
+	err = store.NameGrantingRoles(r.Context(), c.pool, err)
 	var pgErr *pgconn.PgError
 	switch {
 	case err == nil:
 		c.log.Info("console: action", "what", done)
 		setFlash(w, flash{Message: done})
+	case errors.Is(err, stepready.ErrSignalRefused):
+		setFlash(w, flash{Error: true, Message: "refused: " + err.Error()})
 	case errors.Is(err, stepready.ErrNotFound):
 		setFlash(w, flash{Error: true, Message: "refused: " + err.Error()})
 		back = "/" // the task or step is gone: its page would be a 404
@@ -330,13 +338,14 @@ func (c *Console) runAction(w http.ResponseWriter, r *http.Request, back, done s
 }
 
 // refusal says whether a SQLSTATE is the database saying no to what was asked, whose message the operator should
-// read: an impossible transition (55000), an unknown task or step (P0002), a check (23514), a missing privilege
-// (42501, with the roles that grant it: the console's own role may not act), or any data exception
+// read: an impossible transition or a refused signal (55000), an unknown task or step (P0002), a check (23514), a
+// missing privilege (42501, with the roles that grant it: the console's own role may not act), a value over a
+// limit (54000: a signal's payload over max_output_bytes), or any data exception
 // (class 22: a bad argument, 22023 and 22P02, or a value PostgreSQL cannot store, such as a resolve output holding
 // \u0000, 22P05, or a number out of range, 22003).
 func refusal(code string) bool {
 	switch code {
-	case "55000", "P0002", "23514", "42501":
+	case "55000", "P0002", "23514", "42501", "54000":
 		return true
 	}
 	return strings.HasPrefix(code, "22")

@@ -277,3 +277,50 @@ func TestBrowserMapStep(t *testing.T) {
 	require.Equal(t, 10, rows)
 	screenshot(t, ctx, "console-map-elements.png")
 }
+
+// Issue 22, SPEC §20: open a waiting step's page, sign in, send its signal through the form with a payload, and
+// the page comes back with the step complete, its output the payload, and the signal in the mailbox.
+func TestBrowserSendSignal(t *testing.T) {
+	t.Parallel()
+	ctx := newBrowser(t)
+	f := newActionsFixture(t)
+	id := f.createTask(`{"name": "refund", "steps": [
+		{"name": "approve", "wait": {"signal": "approved", "timeout_ms": 3600000}},
+		{"name": "ship", "handler": "noop", "depends_on": ["approve"], "input": {"by": "${deps.approve.by}"}}]}`)
+	step := f.stepID(id, "approve")
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.Navigate(fmt.Sprintf("%s/tasks/%d/steps/%d", f.srv.URL, id, step)),
+		chromedp.WaitVisible("#waits"),
+		chromedp.Click("#signin"),
+		chromedp.WaitVisible(`input[name="token"]`),
+		chromedp.SendKeys(`input[name="token"]`, testToken),
+		chromedp.Submit(`input[name="token"]`),
+		chromedp.WaitVisible("#signal-form"),
+	))
+	state, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector(".summary .state").textContent`))
+	require.NoError(t, err)
+	require.Equal(t, "waiting", state)
+	name, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector('#signal-form input[name="name"]').value`))
+	require.NoError(t, err)
+	require.Equal(t, "approved", name, "the name is prefilled")
+	screenshot(t, ctx, "console-signal.png")
+
+	require.NoError(t, chromedp.Do(ctx,
+		chromedp.SetValue(`#signal-form textarea[name="payload"]`, `{"by": "ada"}`),
+		chromedp.Click("button.send-signal"),
+		chromedp.WaitVisible("#flash"),
+		chromedp.WaitVisible("#mailbox"),
+	))
+	flashText, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("flash").textContent`))
+	require.NoError(t, err)
+	require.Contains(t, flashText, fmt.Sprintf(`signal "approved" sent to task %d`, id))
+	state, err = chromedp.Run(ctx, chromedp.Evaluate[string](`document.querySelector(".summary .state").textContent`))
+	require.NoError(t, err)
+	require.Equal(t, "complete", state, "the step completed with the signal")
+	mailbox, err := chromedp.Run(ctx, chromedp.Evaluate[string](`document.getElementById("mailbox").textContent`))
+	require.NoError(t, err)
+	require.Contains(t, mailbox, "approve")
+	require.Contains(t, mailbox, `{"by": "ada"}`)
+	stateDB, _, _ := f.stepRow(step)
+	require.Equal(t, "complete", stateDB)
+}

@@ -56,8 +56,9 @@ type Options struct {
 	// PollInterval is how often the live poller looks for new step events (0: 300 ms).
 	PollInterval time.Duration
 
-	// AllowActions serves the operator actions (task cancel, pause, resume, reset; step retry, resolve) to
-	// browsers signed in with Token. New refuses AllowActions without a Token.
+	// AllowActions serves the operator actions (task cancel, pause, resume, reset; step retry, resolve; sending a
+	// signal) to browsers signed in with Token, and the JSON API (POST /api/signals) to requests that carry Token
+	// as a bearer token. New refuses AllowActions without a Token.
 	AllowActions bool
 
 	// Token signs a browser in (login form or `Authorization: Bearer TOKEN`).
@@ -141,6 +142,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 		mux.HandleFunc("POST /logout", c.logout)
 		mux.HandleFunc("POST /tasks/{id}/{action}", c.taskAction)
 		mux.HandleFunc("POST /tasks/{id}/steps/{step}/{action}", c.stepAction)
+		mux.HandleFunc("POST /tasks/{id}/signal", c.sendSignalForm)
+		mux.HandleFunc("POST /api/signals", c.sendSignalAPI)
 	}
 	c.mux = mux
 	return c, nil

@@ -102,6 +102,8 @@ func errorText(doc json.RawMessage) string { return readmodel.ErrorText(doc) }
 
 // funcs are the templates' helpers.
 var funcs = template.FuncMap{
+	// cutjson is a JSON document cut at outputCut characters.
+	"cutjson": func(doc json.RawMessage) string { return cut(doc, outputCut) },
 	"rel": func(now time.Time, t *time.Time) string {
 		if t == nil {
 			return ""

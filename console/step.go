@@ -1,12 +1,14 @@
 package console
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"slices"
 	"strconv"
+	"time"
 
 	"github.com/stepready/stepready/internal/readmodel"
 )
@@ -20,6 +22,56 @@ type stepData struct {
 	// Elements are a page of a map step's elements (ElementsNext: the next page's link, if any).
 	Elements     []elementView
 	ElementsNext string
+	// Waits says what a wait step waits for (SPEC §20); nil for a step run by a handler.
+	Waits *waitView
+}
+
+// waitView is what a wait step's page says it waits for.
+type waitView struct {
+	// Signal is the name of the signal it waits for ("" for a sleep).
+	Signal string
+	// Timeout is its timeout as defined ("" for none) and OnTimeout what happens then (fail or continue).
+	Timeout, OnTimeout string
+	// Sleep is a sleep as defined: "1m30s" of a duration_ms, or the until of an until (a time or a reference).
+	Sleep string
+	// Until is, while it waits, when its sleep ends or its signal wait times out.
+	Until *time.Time
+	// Waiting says it waits now (its parents are done); SendForm says the signal form is drawn.
+	Waiting, SendForm bool
+}
+
+// newWaitView reads a step's wait (nil when it has none).
+func newWaitView(d *readmodel.StepDetail, finished bool, act actionsView) *waitView {
+	if len(d.Wait) == 0 || string(d.Wait) == "null" {
+		return nil
+	}
+	var w struct {
+		Signal     string          `json:"signal"`
+		TimeoutMS  *int64          `json:"timeout_ms"`
+		OnTimeout  string          `json:"on_timeout"`
+		DurationMS *int64          `json:"duration_ms"`
+		Until      json.RawMessage `json:"until"`
+	}
+	if json.Unmarshal(d.Wait, &w) != nil {
+		return nil
+	}
+	v := &waitView{Signal: w.Signal, Until: d.WaitUntil, Waiting: d.State == "waiting"}
+	if w.TimeoutMS != nil {
+		v.Timeout = (time.Duration(*w.TimeoutMS) * time.Millisecond).String()
+		v.OnTimeout = cmp.Or(w.OnTimeout, "fail")
+	}
+	switch {
+	case w.DurationMS != nil:
+		v.Sleep = "for " + (time.Duration(*w.DurationMS) * time.Millisecond).String()
+	case len(w.Until) > 0:
+		var until string
+		if json.Unmarshal(w.Until, &until) != nil {
+			until = string(w.Until)
+		}
+		v.Sleep = "until " + until
+	}
+	v.SendForm = v.Signal != "" && !finished && act.SignedIn
+	return v
 }
 
 // elementView is an element of a map step as the step page lists it.
@@ -88,6 +140,7 @@ func (c *Console) stepPage(w http.ResponseWriter, r *http.Request) {
 	}
 	d := stepData{StepDetail: detail, Error: detail.LastErrorText(),
 		Finished: slices.Contains(terminalStates, detail.State), Act: c.actionsView(r)}
+	d.Waits = newWaitView(detail, d.Finished, d.Act)
 	for _, e := range detail.Elements {
 		d.Elements = append(d.Elements, elementView{Element: e, Error: readmodel.ErrorText(e.LastError),
 			Out: cut(e.Output, outputCut)})

@@ -167,6 +167,14 @@ func (o *globalOptions) runDemo(ctx context.Context, p *demoParams, logger *slog
 	}
 	disarm := o.watchSignals()
 	defer disarm()
+	// The demo's wait steps get their signal a few seconds after they start waiting.
+	signalCtx, stopSignals := context.WithCancel(ctx)
+	signalsDone := make(chan struct{})
+	go func() {
+		defer close(signalsDone)
+		demoSignals(signalCtx, pool, tasks, logger)
+	}()
+	defer func() { stopSignals(); <-signalsDone }()
 
 	watchErr := account.Watch(ctx, tasks)
 	if watchErr == nil && !p.exitWhenDone {

@@ -48,7 +48,14 @@ func TestDemoPrintsTheLiveAccount(t *testing.T) {
 				// Map steps: each element worked like a step, the map step's output in element order.
 				`fanout#\d+ +resize\[2\] +completed`,
 				`fanout#\d+ +complete +list: complete · resize: complete \(3 of 3 elements\) · join: complete`,
-				`summary: 6 tasks in `,
+				// Waiting for the world (SPEC §20): approve waits for its signal, which the demo sends itself
+				// after a few seconds; the sleep after it ends on the daemon's timer.
+				`approval#\d+ +approve +waiting for signal approved \(until `,
+				`approval#\d+ +- +signal approved \(#\d+\) received from demo`,
+				`approval#\d+ +approve +completed by signal approved`,
+				`approval#\d+ +cool_off +sleeping until `,
+				`approval#\d+ +complete +charge: complete · approve: complete · cool_off: complete · ship: complete`,
+				`summary: 7 tasks in `,
 				`flaky#\d+ +complete +call_api: complete after 3 attempts`,
 				`permanent#\d+ +error +charge_card: error after 1 attempt \(permanent, not retryable\) · ship_order: pending`,
 			} {
@@ -60,6 +67,12 @@ func TestDemoPrintsTheLiveAccount(t *testing.T) {
 			require.Greater(t, report, lineIndex(t, stdout, `diamond#\d+ +transform +completed`))
 			require.Greater(t, report, lineIndex(t, stdout, `diamond#\d+ +enrich +completed`))
 			require.NotContains(t, stdout, "ship_order  ", "the step after a permanent failure never runs")
+
+			// The signal arrives demoSignalDelay after approve started waiting, and ship runs after the sleep.
+			waiting := lineIndex(t, stdout, `approval#\d+ +approve +waiting for signal approved`)
+			require.Greater(t, lineIndex(t, stdout, `approval#\d+ +approve +completed by signal`), waiting)
+			require.Greater(t, lineIndex(t, stdout, `approval#\d+ +ship +attempt 1 started`),
+				lineIndex(t, stdout, `approval#\d+ +cool_off +completed`))
 		})
 	}
 }

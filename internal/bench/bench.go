@@ -68,6 +68,9 @@ type Size struct {
 	MapElements, MapFanOut int
 	// DataflowDiamonds is the number of diamond tasks of scenario 10d (with and without outputs flowing).
 	DataflowDiamonds int
+	// SignalWaiting is how many tasks wait for a signal while scenario 11 measures the daemon's memory and the
+	// claim.
+	SignalWaiting int
 }
 
 // Sizes are the presets of cmd/bench.
@@ -77,13 +80,13 @@ var Sizes = map[string]Size{
 		CreationRun: 30 * time.Second, CreationBulkRun: 6 * time.Second, CreationLoaded: 20_000,
 		CreationFileChains: 100_000, HistorySteps: 100_000,
 		SteadyRun: time.Minute, FlowClaimLarge: 100_000, PythonSteps: 5_000, MapElements: 10_000, MapFanOut: 100_000,
-		DataflowDiamonds: 1_000},
+		DataflowDiamonds: 1_000, SignalWaiting: 20_000},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
 		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
 		CreationRun: 60 * time.Second, CreationBulkRun: 21 * time.Second, CreationLoaded: 100_000,
 		CreationFileChains: 1_000_000, HistorySteps: 1_000_000,
 		SteadyRun: 10 * time.Minute, FlowClaimLarge: 1_000_000, PythonSteps: 20_000, MapElements: 10_000,
-		MapFanOut: 100_000, DataflowDiamonds: 5_000},
+		MapFanOut: 100_000, DataflowDiamonds: 5_000, SignalWaiting: 100_000},
 }
 
 // Row is one line of the report.
@@ -167,6 +170,22 @@ type Env struct {
 	// bouncer is the run's PgBouncer (Options.PgBouncer), else nil.
 	bouncer *pgcluster.PgBouncer
 	n       int
+	// keepPrevious makes the next NewDB leave the previous measurement's database in place (two databases
+	// measured interleaved); the caller drops it with dropDB.
+	keepPrevious bool
+}
+
+// dropDB drops database bench_n (one kept by keepPrevious).
+func (e *Env) dropDB(ctx context.Context, n int) error {
+	admin, err := pgxpool.New(ctx, e.Cluster.URL)
+	if err != nil {
+		return err
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS bench_%d WITH (FORCE)", n)); err != nil {
+		return fmt.Errorf("bench: drop database bench_%d: %w", n, err)
+	}
+	return nil
 }
 
 // NewDB creates and migrates a fresh database, returning a pool with the default search_path and the URL of the
@@ -180,7 +199,7 @@ func (e *Env) NewDB(ctx context.Context, maxConns int) (*pgxpool.Pool, string, e
 		return nil, "", err
 	}
 	defer admin.Close()
-	if e.n > 0 {
+	if e.n > 0 && !e.keepPrevious {
 		if _, err := admin.Exec(ctx, fmt.Sprintf("DROP DATABASE IF EXISTS bench_%d WITH (FORCE)", e.n)); err != nil {
 			return nil, "", fmt.Errorf("bench: drop the previous database: %w", err)
 		}
@@ -298,6 +317,7 @@ var scenarios = []scenario{
 	{"steady state", steady},
 	{"flow control", flowControl},
 	{"mapping", mapping},
+	{"signals", signals},
 	{"python worker", pythonWorker},
 	{"routed claim", routedClaim},
 }

@@ -39,7 +39,7 @@ func memory(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	if err != nil {
 		return nil, err
 	}
-	m, err := measureDaemon(ctx, env, bin, size.MemorySteps)
+	m, err := measureDaemon(ctx, env, bin, size.MemorySteps, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -73,15 +73,22 @@ type daemonMemory struct {
 	stepsPerSecond float64
 }
 
-// measureDaemon runs bin as `scheduler run` on a fresh database, waits until it has completed a probe task,
-// reads its resident set (the baseline), then loads n independent no-op steps in one transaction and reads its
-// peak resident set once they are all complete. The daemon uses its built-in noop handler.
-func measureDaemon(ctx context.Context, env *Env, bin string, n int) (daemonMemory, error) {
+// measureDaemon runs bin as `scheduler run` on a fresh database (first loaded by preload unless nil), waits until
+// it has completed a probe task, reads its resident set (the baseline), then loads n independent no-op steps in
+// one transaction and reads its peak resident set once they are all complete. The daemon uses its built-in noop
+// handler.
+func measureDaemon(ctx context.Context, env *Env, bin string, n int, preload func(*pgxpool.Pool) error) (
+	daemonMemory, error) {
 	pool, url, err := env.NewDB(ctx, 4)
 	if err != nil {
 		return daemonMemory{}, err
 	}
 	defer pool.Close()
+	if preload != nil {
+		if err := preload(pool); err != nil {
+			return daemonMemory{}, fmt.Errorf("preload: %w", err)
+		}
+	}
 	args := []string{"run", "--database-url", url, "--dispatch", stepready.DispatchDirect,
 		"--concurrency", strconv.Itoa(benchConcurrency), "--poll-interval", "1s", "--log-level", "warn"}
 	if env.Options.PollOnly {

@@ -33,6 +33,15 @@ type details struct {
 	Ancestor    string `json:"ancestor"`
 	Worker      string `json:"worker"`
 	LeaseOwner  string `json:"lease_owner"`
+	// Signals and waits (SPEC §20, sql/059_signals.sql).
+	Signal    string     `json:"signal"`
+	SignalID  int64      `json:"signal_id"`
+	Buffered  bool       `json:"buffered"`
+	Actor     string     `json:"actor"`
+	Until     *time.Time `json:"until"`
+	TimeoutMS *int64     `json:"timeout_ms"`
+	OnTimeout string     `json:"on_timeout"`
+	TimedOut  bool       `json:"timed_out"`
 }
 
 // describe returns the text of the event's line, or false for events the account leaves out because another
@@ -80,10 +89,42 @@ func (e event) describe() (string, bool) {
 		}
 		return "skipped", true
 	case "step.completed":
-		if d.Reason == "max_iterations" {
+		switch {
+		case d.Reason == "max_iterations":
 			return "completed (max_iterations reached)", true
+		case d.TimedOut:
+			return "completed without its signal (on_timeout: continue, output null)", true
+		case d.Signal != "":
+			return fmt.Sprintf("completed by signal %s (#%d)", d.Signal, d.SignalID), true
 		}
 		return "completed", true
+	case "wait.started":
+		switch {
+		case d.Signal != "" && d.Until != nil:
+			return fmt.Sprintf("waiting for signal %s (until %s)", d.Signal, d.Until.Format(time.RFC3339)), true
+		case d.Signal != "":
+			return fmt.Sprintf("waiting for signal %s", d.Signal), true
+		case d.Until != nil:
+			return fmt.Sprintf("sleeping until %s", d.Until.Format(time.RFC3339)), true
+		}
+		return "waiting", true
+	case "signal.received":
+		s := fmt.Sprintf("signal %s (#%d) received", d.Signal, d.SignalID)
+		if d.Actor != "" {
+			s += " from " + d.Actor
+		}
+		if d.Buffered {
+			s += " — buffered until its step waits"
+		}
+		return s, true
+	case "signal.delivered":
+		return "", false // step.completed follows, naming the signal
+	case "wait.timed_out":
+		ms := int64(0)
+		if d.TimeoutMS != nil {
+			ms = *d.TimeoutMS
+		}
+		return fmt.Sprintf("no signal %s within %d ms (on_timeout: %s)", d.Signal, ms, d.OnTimeout), true
 	case "iteration.continued":
 		if d.DelayMS != nil {
 			return fmt.Sprintf("iteration done — next in %d ms", *d.DelayMS), true

@@ -30,7 +30,8 @@ type BacklogExporterConfig struct {
 // BacklogExporter sets the backlog gauges (stepready_steps_ready, _in_flight, _waiting_for_retry,
 // _due_within_minute, stepready_oldest_ready_seconds per queue: queue_stats) and the flow-control gauges
 // (stepready_flow_blocked_steps and _keys per reason: flow_status) and the map gauges (stepready_map_steps_running,
-// stepready_map_elements by state: map_stats) on the elected instance of each round. Every
+// stepready_map_elements by state: map_stats) and the gauges of waiting for the world (stepready_steps_waiting by
+// reason, stepready_signals_received, _delivered and _buffered: signal_stats) on the elected instance of each round. Every
 // other instance exports none of them, so that a sum over instances is the backlog. The elected instance exports
 // every queue it has seen (and "default"), at 0 when nothing waits there, so an alert on a gauge never sees it
 // vanish.
@@ -70,6 +71,7 @@ func (b *BacklogExporter) RunOnce(ctx context.Context) (bool, error) {
 		stats []store.QueueStat
 		flow  []store.FlowKey
 		maps  store.MapStats
+		waits store.SignalStats
 	)
 	won, err := elect(ctx, b.env.Pool, lockBacklogExporter, func(ctx context.Context, tx pgx.Tx) error {
 		var err error
@@ -79,7 +81,10 @@ func (b *BacklogExporter) RunOnce(ctx context.Context) (bool, error) {
 		if flow, err = store.FlowStatus(ctx, tx); err != nil {
 			return err
 		}
-		maps, err = store.ReadMapStats(ctx, tx)
+		if maps, err = store.ReadMapStats(ctx, tx); err != nil {
+			return err
+		}
+		waits, err = store.ReadSignalStats(ctx, tx)
 		return err
 	})
 	m := b.env.Metrics
@@ -116,5 +121,6 @@ func (b *BacklogExporter) RunOnce(ctx context.Context) (bool, error) {
 		m.FlowBlocked(reason, keys[reason], steps[reason])
 	}
 	m.MapProgress(maps.Maps, maps.Elements, maps.Done, maps.Failed, maps.InFlight)
+	m.Waiting(waits.WaitingForSignal, waits.Sleeping, waits.Received, waits.Delivered, waits.Buffered)
 	return true, nil
 }

@@ -101,3 +101,62 @@ func TestBacklogExporterExportsMapProgress(t *testing.T) {
 	require.Equal(t, 0.0, testutil.ToFloat64(mustGauge(t, b, "stepready_map_steps_running", "", "")))
 	require.Equal(t, 0.0, elements("done"))
 }
+
+// The gauges of waiting for the world (signal_stats): wait steps by reason, and the mailbox's signals received,
+// delivered (consumed by a step) and buffered (sent before their step waits).
+func TestBacklogExporterExportsWaits(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(`SELECT stepready.create_task('{"name": "t", "steps": [
+		{"name": "a", "wait": {"signal": "go"}},
+		{"name": "b", "wait": {"signal": "go"}},
+		{"name": "nap", "wait": {"duration_ms": 3600000}},
+		{"name": "first", "handler": "h"},
+		{"name": "later", "depends_on": ["first"], "wait": {"signal": "later"}}]}')`)
+	e, err := maintenance.NewBacklogExporter(b.env, maintenance.BacklogExporterConfig{})
+	require.NoError(t, err)
+	gauges := func() []float64 {
+		_, err := e.RunOnce(b.ctx)
+		require.NoError(t, err)
+		return []float64{
+			testutil.ToFloat64(mustGauge(t, b, "stepready_steps_waiting", "reason", "waiting_for_signal")),
+			testutil.ToFloat64(mustGauge(t, b, "stepready_steps_waiting", "reason", "sleeping")),
+			testutil.ToFloat64(mustGauge(t, b, "stepready_signals_received", "", "")),
+			testutil.ToFloat64(mustGauge(t, b, "stepready_signals_delivered", "", "")),
+			testutil.ToFloat64(mustGauge(t, b, "stepready_signals_buffered", "", "")),
+		}
+	}
+	require.Equal(t, []float64{2, 1, 0, 0, 0}, gauges())
+
+	b.exec(`SELECT stepready.send_signal(id, 'go') FROM stepready.tasks`)    // completes a
+	b.exec(`SELECT stepready.send_signal(id, 'later') FROM stepready.tasks`) // buffered: later's parent runs
+	require.Equal(t, []float64{1, 1, 2, 1, 1}, gauges())
+}
+
+// signal_stats reads its partial indexes, never the table of steps: with 20,000 finished steps beside a few
+// waiting ones, a call scans steps sequentially zero times (pg_stat_xact_user_tables, in the call's transaction).
+// It counted `state = 'waiting'` before, which no partial index answers once the signal index's predicate also
+// holds `wait ? 'signal'`: a sequential scan of every step at every round of the exporter.
+func TestSignalStatsReadsNoFinishedStep(t *testing.T) {
+	t.Parallel()
+	b := setup(t)
+	b.exec(`INSERT INTO stepready.tasks (name) SELECT 'done' FROM generate_series(1, 200)`)
+	b.exec(`INSERT INTO stepready.steps (task_id, name, handler, state)
+		SELECT t.id, 's' || g, 'noop', 'complete' FROM stepready.tasks t, generate_series(1, 100) g`)
+	b.exec(`SELECT stepready.create_task('{"name": "t", "steps": [
+		{"name": "a", "wait": {"signal": "go"}}, {"name": "nap", "wait": {"duration_ms": 3600000}}]}')`)
+	b.exec(`ANALYZE stepready.steps`)
+	tx, err := b.db.Pool.Begin(b.ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(b.ctx) }()
+	var seq0, seq1 int64
+	var forSignal, sleeping int64
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT COALESCE(sum(seq_scan), 0) FROM pg_stat_xact_user_tables
+		WHERE schemaname = 'stepready' AND relname = 'steps'`).Scan(&seq0))
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT waiting_for_signal, sleeping FROM stepready.signal_stats()`).
+		Scan(&forSignal, &sleeping))
+	require.NoError(t, tx.QueryRow(b.ctx, `SELECT COALESCE(sum(seq_scan), 0) FROM pg_stat_xact_user_tables
+		WHERE schemaname = 'stepready' AND relname = 'steps'`).Scan(&seq1))
+	require.Equal(t, []int64{1, 1}, []int64{forSignal, sleeping})
+	require.Zero(t, seq1-seq0, "signal_stats scanned the steps table")
+}

@@ -23,12 +23,15 @@ type Metrics struct {
 	// Flow control (SPEC §14) by reason, never by key: set by the elected instance only.
 	flowSteps, flowKeys *prometheus.GaugeVec
 	// Maps running now (SPEC §19): their number and their elements by state; set by the elected instance only.
-	mapSteps        prometheus.Gauge
-	mapElements     *prometheus.GaugeVec
-	claimLatency    prometheus.Histogram
-	readyToStart    prometheus.Histogram
-	attemptDuration prometheus.Histogram
-	inFlight        prometheus.Gauge
+	mapSteps    prometheus.Gauge
+	mapElements *prometheus.GaugeVec
+	// Waiting for the world (SPEC §20): steps waiting by reason, and the mailbox; set by the elected instance only.
+	stepsWaiting                                       *prometheus.GaugeVec
+	signalsReceived, signalsDelivered, signalsBuffered prometheus.Gauge
+	claimLatency                                       prometheus.Histogram
+	readyToStart                                       prometheus.Histogram
+	attemptDuration                                    prometheus.Histogram
+	inFlight                                           prometheus.Gauge
 	// Schedules (SPEC §15), counted by the instance that fired them.
 	scheduleFires, scheduleErrors *prometheus.CounterVec
 }
@@ -71,6 +74,15 @@ func New(reg prometheus.Registerer) *Metrics {
 		mapElements: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_map_elements",
 			Help: "Elements of the map steps in progress, by state: done, failed, in_flight, other (elected instance only)."},
 			[]string{"state"}),
+		stepsWaiting: prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "stepready_steps_waiting",
+			Help: "Wait steps waiting now, by reason: waiting_for_signal, sleeping (elected instance only)."},
+			[]string{"reason"}),
+		signalsReceived: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stepready_signals_received",
+			Help: "Signals in the mailbox: every signal sent to a task not yet pruned (elected instance only)."}),
+		signalsDelivered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stepready_signals_delivered",
+			Help: "Signals in the mailbox that a wait step consumed (elected instance only)."}),
+		signalsBuffered: prometheus.NewGauge(prometheus.GaugeOpts{Name: "stepready_signals_buffered",
+			Help: "Signals in the mailbox not consumed yet: their step has not started waiting (elected instance only)."}),
 		claimLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_seconds",
 			Help: "Duration of one claim (and dispatch) round trip.", Buckets: prometheus.ExponentialBuckets(0.0002, 2, 16)}),
 		readyToStart: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "stepready_claim_to_start_seconds",
@@ -88,7 +100,8 @@ func New(reg prometheus.Registerer) *Metrics {
 	if reg != nil {
 		reg.MustRegister(m.claimed, m.started, m.completed, m.failed, m.retries, m.released, m.reaped, m.pruned,
 			m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag, m.flowSteps, m.flowKeys,
-			m.mapSteps, m.mapElements, m.claimLatency, m.readyToStart, m.attemptDuration, m.inFlight, m.scheduleFires, m.scheduleErrors)
+			m.mapSteps, m.mapElements, m.stepsWaiting, m.signalsReceived, m.signalsDelivered, m.signalsBuffered,
+			m.claimLatency, m.readyToStart, m.attemptDuration, m.inFlight, m.scheduleFires, m.scheduleErrors)
 	}
 	return m
 }
@@ -167,10 +180,25 @@ func (m *Metrics) ResetQueueBacklog() {
 		return
 	}
 	for _, g := range []*prometheus.GaugeVec{m.queueReady, m.queueInFlight, m.queueWaiting, m.queueDueSoon, m.queueLag,
-		m.flowSteps, m.flowKeys, m.mapElements} {
+		m.flowSteps, m.flowKeys, m.mapElements, m.stepsWaiting} {
 		g.Reset()
 	}
-	m.mapSteps.Set(0)
+	for _, g := range []prometheus.Gauge{m.mapSteps, m.signalsReceived, m.signalsDelivered, m.signalsBuffered} {
+		g.Set(0)
+	}
+}
+
+// Waiting sets the gauges of waiting for the world (SPEC §20): the wait steps waiting now by reason, and the
+// mailbox's signals received, delivered and buffered. Cleared by ResetQueueBacklog.
+func (m *Metrics) Waiting(forSignal, sleeping, received, delivered, buffered int64) {
+	if m == nil {
+		return
+	}
+	m.stepsWaiting.WithLabelValues("waiting_for_signal").Set(float64(forSignal))
+	m.stepsWaiting.WithLabelValues("sleeping").Set(float64(sleeping))
+	m.signalsReceived.Set(float64(received))
+	m.signalsDelivered.Set(float64(delivered))
+	m.signalsBuffered.Set(float64(buffered))
 }
 
 // MapProgress sets the map gauges: maps map steps in progress with elements elements, of which done complete or

@@ -146,9 +146,10 @@ SELECT ev.step_id,
 -- name: step
 -- ReadStep: what the step page shows beyond its row in steps: its task, input, output, iteration; its deps and
 -- its input resolved against them now (SPEC §18: the functions the start uses, sql/019_dataflow.sql), or why it
--- does not resolve yet.
+-- does not resolve yet; of a wait step (SPEC §20) its wait and, while it waits, its deadline.
 SELECT s.task_id, s.input, s.output, s.iteration, s.max_iterations, s.timeout_ms, s.priority, s.retry_policy,
-       d.deps, CASE WHEN s.input_refs THEN r.value ELSE s.input END, r.problem
+       d.deps, CASE WHEN s.input_refs THEN r.value ELSE s.input END, r.problem, s.wait,
+       CASE WHEN s.state = 'waiting' THEN s.wait_until END
   FROM stepready.steps s
  CROSS JOIN LATERAL (SELECT stepready._step_deps(s.id) AS deps) d
   LEFT JOIN LATERAL (SELECT x.value, x.problem
@@ -256,3 +257,11 @@ SELECT g.id, g.task_id, g.name, g.payload, g.idempotency_key, g.created_at, g.co
   FROM stepready.signals g
   LEFT JOIN stepready.steps s ON s.id = g.consumed_by
  WHERE g.id = $1;
+
+-- name: waiting_for_signal
+-- WaitingForSignal: the steps of tasks $1 waiting for a signal now (SPEC §20), oldest first, through
+-- steps_waiting_signal_idx.
+SELECT s.task_id, s.id, s.name, s.wait ->> 'signal'
+  FROM stepready.steps s
+ WHERE s.task_id = ANY($1) AND s.state = 'waiting' AND s.wait ? 'signal'
+ ORDER BY s.id;

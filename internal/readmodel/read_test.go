@@ -423,6 +423,16 @@ func TestEveryQueryRuns(t *testing.T) {
 	var waitTask, signalID int64
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT stepready.create_task('{"name": "w",
 		"steps": [{"name": "w", "wait": {"signal": "go"}}]}')`).Scan(&waitTask))
+	waiting, err := readmodel.WaitingForSignal(ctx, r, []int64{waitTask, taskID})
+	require.NoError(t, err)
+	require.Len(t, waiting, 1)
+	require.Equal(t, readmodel.WaitingStep{TaskID: waitTask, StepID: waiting[0].StepID, Name: "w", Signal: "go"}, waiting[0])
+	wait, err := readmodel.ReadStep(ctx, r, waitTask, waiting[0].StepID, nil)
+	require.NoError(t, err)
+	require.JSONEq(t, `{"signal": "go"}`, string(wait.Wait))
+	require.Nil(t, wait.WaitUntil, "no timeout: no deadline")
+	require.Empty(t, wait.Signals)
+	require.NotNil(t, wait.Signals, "a wait step's mailbox, empty")
 	require.NoError(t, db.Pool.QueryRow(ctx, `SELECT stepready.send_signal($1, 'go', '{"ok": true}')`, waitTask).
 		Scan(&signalID))
 	sigs, err := readmodel.Signals(ctx, r, waitTask)

@@ -28,8 +28,17 @@ type StepDetail struct {
 	// Input when it has none); nil when it does not resolve yet, and InputProblem says why.
 	ResolvedInput json.RawMessage `json:"resolved_input"`
 	// InputProblem is why the input does not resolve now (a parent not finished yet, a path that names nothing).
-	InputProblem *string   `json:"input_problem,omitempty"`
-	AsOf         time.Time `json:"as_of"`
+	InputProblem *string `json:"input_problem,omitempty"`
+	// Wait is a wait step's wait as defined (SPEC §20: {signal, timeout_ms, on_timeout}, {duration_ms} or
+	// {until}); nil for a step run by a handler.
+	Wait json.RawMessage `json:"wait,omitempty"`
+	// WaitUntil is, while the step is waiting, when its sleep ends or its signal wait times out (nil: it waits for
+	// a signal without a timeout, or it is not waiting).
+	WaitUntil *time.Time `json:"wait_until,omitempty"`
+	// Signals are, of a wait step, its task's mailbox (every signal of the task, oldest first: what each step
+	// waits for and what it got); nil for a step run by a handler.
+	Signals []Signal  `json:"signals,omitempty"`
+	AsOf    time.Time `json:"as_of"`
 	// Reasons are every reason the step may not start now, in precedence order (when it is ready: its wait for a
 	// worker, waiting_for_worker).
 	Reasons  []Reason  `json:"reasons"`
@@ -90,7 +99,8 @@ func ReadStepPage(ctx context.Context, db Beginner, taskID, stepID int64, opts S
 			return err
 		}
 		err = tx.QueryRow(ctx, query("step"), taskID, stepID).Scan(&d.TaskID, &d.Input, &d.Output, &d.Iteration,
-			&d.MaxIterations, &d.TimeoutMS, &d.Priority, &d.RetryPolicy, &d.Deps, &d.ResolvedInput, &d.InputProblem)
+			&d.MaxIterations, &d.TimeoutMS, &d.Priority, &d.RetryPolicy, &d.Deps, &d.ResolvedInput, &d.InputProblem,
+			&d.Wait, &d.WaitUntil)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return notFoundf("task %d has no step %d", taskID, stepID)
 		}
@@ -111,8 +121,16 @@ func ReadStepPage(ctx context.Context, db Beginner, taskID, stepID int64, opts S
 		if d.Attempts, err = collect(ctx, tx, "attempts", scanAttempt, taskID, stepID); err != nil {
 			return err
 		}
-		if d.Events, _, err = eventsPage(ctx, tx, taskID, stepID, 0, StepEventsLimit); err != nil || d.Map == nil {
+		if d.Events, _, err = eventsPage(ctx, tx, taskID, stepID, 0, StepEventsLimit); err != nil {
 			return err
+		}
+		if len(d.Wait) > 0 {
+			if d.Signals, err = collect(ctx, tx, "signals", scanSignal, taskID); err != nil {
+				return err
+			}
+		}
+		if d.Map == nil {
+			return nil
 		}
 		// One more than the page says whether another follows.
 		if d.Elements, err = collect(ctx, tx, "elements", func(row pgx.Row, e *Element) error {

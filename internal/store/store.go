@@ -669,6 +669,23 @@ type MapStats struct {
 	Maps, Elements, Done, Failed, InFlight int64
 }
 
+// SignalStats is waiting for the world at a glance (stepready.signal_stats, SPEC §20): the steps waiting now by
+// reason, and the signals of the tasks in the database: received, delivered (consumed by a step) and buffered
+// (not consumed yet).
+type SignalStats struct {
+	WaitingForSignal, Sleeping, Received, Delivered, Buffered int64
+}
+
+// ReadSignalStats reads stepready.signal_stats().
+func ReadSignalStats(ctx context.Context, db DBTX) (SignalStats, error) {
+	var s SignalStats
+	if err := db.QueryRow(ctx, `SELECT waiting_for_signal, sleeping, received, delivered, buffered
+		FROM stepready.signal_stats()`).Scan(&s.WaitingForSignal, &s.Sleeping, &s.Received, &s.Delivered, &s.Buffered); err != nil {
+		return s, fmt.Errorf("store: signal stats: %w", err)
+	}
+	return s, nil
+}
+
 // ReadMapStats reads stepready.map_stats().
 func ReadMapStats(ctx context.Context, db DBTX) (MapStats, error) {
 	var s MapStats

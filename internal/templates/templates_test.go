@@ -136,7 +136,7 @@ func TestExamplesAreValidTemplates(t *testing.T) {
 	for _, tmpl := range ts {
 		names = append(names, tmpl.Name)
 	}
-	require.Equal(t, []string{"dataflow", "diamond", "exhausts", "fanout", "flaky", "permanent"}, names)
+	require.Equal(t, []string{"approval", "dataflow", "diamond", "exhausts", "fanout", "flaky", "permanent"}, names)
 
 	require.NoError(t, Store(ctx, db.Pool, ts), "the database accepts every example")
 	require.NoError(t, Store(ctx, db.Pool, ts), "storing again replaces version 1")

@@ -27,6 +27,7 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     ('queue_stats',                '{client,worker,operator,reader}'),
     ('flow_status',                '{client,worker,operator,reader}'),
     ('map_stats',                  '{client,worker,operator,reader}'),
+    ('signal_stats',               '{client,worker,operator,reader}'),
     -- Creating tasks: clients, and the daemon (schedules create tasks from templates).
     ('create_task',                '{client,worker}'),
     ('create_tasks',               '{client,worker}'),
