@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
 	"github.com/stepready/stepready/tests/integration/pgtest"
@@ -25,18 +26,21 @@ const testToken = "s3cret-token"
 type actionsFixture struct {
 	*fixture
 	client *http.Client
+	reg    *prometheus.Registry // the console's collectors
 }
 
 func newActionsFixture(t *testing.T) *actionsFixture {
 	t.Helper()
 	db := pgtest.New(t)
-	c, err := New(db.Pool, Options{PollInterval: 50 * time.Millisecond, AllowActions: true, Token: testToken})
+	reg := prometheus.NewRegistry()
+	c, err := New(db.Pool, Options{PollInterval: 50 * time.Millisecond, AllowActions: true, Token: testToken,
+		Registerer: reg})
 	require.NoError(t, err)
 	srv := httptest.NewServer(c)
 	t.Cleanup(func() { c.Close(); srv.Close() })
 	jar, err := cookiejar.New(nil)
 	require.NoError(t, err)
-	return &actionsFixture{fixture: &fixture{t: t, pool: db.Pool, srv: srv}, client: &http.Client{Jar: jar}}
+	return &actionsFixture{fixture: &fixture{t: t, pool: db.Pool, srv: srv}, client: &http.Client{Jar: jar}, reg: reg}
 }
 
 // do sends a request with the client (following redirects) and returns status and body.
@@ -297,4 +301,26 @@ func TestConsoleRoles(t *testing.T) {
 			require.Contains(t, body, "refused: permission denied for function pause_task: grant one of [stepready_operator] to this role")
 		}
 	}
+}
+
+// sends reads stepready_signal_sends_total{via, outcome} from the console's registry.
+func (f *actionsFixture) sends(via, outcome string) int {
+	f.t.Helper()
+	families, err := f.reg.Gather()
+	require.NoError(f.t, err)
+	for _, fam := range families {
+		if fam.GetName() != "stepready_signal_sends_total" {
+			continue
+		}
+		for _, m := range fam.GetMetric() {
+			labels := map[string]string{}
+			for _, l := range m.GetLabel() {
+				labels[l.GetName()] = l.GetValue()
+			}
+			if labels["via"] == via && labels["outcome"] == outcome {
+				return int(m.GetCounter().GetValue())
+			}
+		}
+	}
+	return 0
 }

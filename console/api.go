@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/store"
 )
 
@@ -74,6 +75,7 @@ func (c *Console) sendSignalAPI(w http.ResponseWriter, r *http.Request) {
 			status, field = http.StatusRequestEntityTooLarge, "body"
 			err = fmt.Errorf("the body is over %d bytes", apiBodyMax)
 		}
+		c.sends.Observe("api", metrics.SendInvalid)
 		apiFail(w, status, field, "%v", err)
 		return
 	}
@@ -89,6 +91,7 @@ func (c *Console) sendSignalAPI(w http.ResponseWriter, r *http.Request) {
 		taskField = "task_key"
 		id, err = stepready.SendSignalToKey(r.Context(), c.pool, *req.TaskKey, req.Name, req.Payload, opts)
 	}
+	c.sends.Observe("api", sendOutcome(err))
 	if err != nil {
 		c.signalRefused(r.Context(), w, err, taskField)
 		return

@@ -26,6 +26,9 @@ import (
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/stepready/stepready/internal/metrics"
 )
 
 //go:embed templates/*.html
@@ -63,6 +66,11 @@ type Options struct {
 
 	// Token signs a browser in (login form or `Authorization: Bearer TOKEN`).
 	Token string
+
+	// Registerer receives the console's own collectors (nil: none registered): stepready_signal_sends_total, the
+	// signals sent through the form and POST /api/signals by outcome, refusals included (a refused signal leaves
+	// nothing in the database to count). `scheduler run` passes the registry of its /metrics.
+	Registerer prometheus.Registerer
 }
 
 // Console is the console's HTTP handler. Close stops its live poller.
@@ -72,7 +80,8 @@ type Console struct {
 	tmpl   map[string]*template.Template
 	mux    *http.ServeMux
 	live   *hub
-	auth   *auth           // nil: read-only
+	auth   *auth // nil: read-only
+	sends  *metrics.SignalSends
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
 	done   chan struct{} // closed when the live poller has returned
@@ -83,7 +92,8 @@ func New(pool *pgxpool.Pool, opts Options) (*Console, error) {
 	if pool == nil {
 		return nil, errors.New("console: nil pool")
 	}
-	c := &Console{pool: pool, log: opts.Logger, tmpl: map[string]*template.Template{}}
+	c := &Console{pool: pool, log: opts.Logger, tmpl: map[string]*template.Template{},
+		sends: metrics.NewSignalSends(opts.Registerer)}
 	if c.log == nil {
 		c.log = slog.Default()
 	}

@@ -8,7 +8,10 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/jackc/pgx/v5/pgconn"
+
 	"github.com/stepready/stepready"
+	"github.com/stepready/stepready/internal/metrics"
 	"github.com/stepready/stepready/internal/readmodel"
 )
 
@@ -56,10 +59,29 @@ func (c *Console) sendSignalForm(w http.ResponseWriter, r *http.Request) {
 		payload = json.RawMessage(`{}`)
 	}
 	if !json.Valid(payload) {
+		c.sends.Observe("ui", metrics.SendInvalid)
 		refuse("refused: the payload must be a JSON document (for example {\"approved\": true})")
 		return
 	}
 	opts := stepready.SignalOptions{Actor: "ui", IdempotencyKey: strings.TrimSpace(r.PostFormValue("idempotency_key"))}
 	id, err := stepready.SendSignal(r.Context(), c.pool, taskID, name, payload, opts)
+	c.sends.Observe("ui", sendOutcome(err))
 	c.answerAction(w, r, back, fmt.Sprintf("signal %q sent to task %d (signal %d)", name, taskID, id), err)
+}
+
+// sendOutcome classifies the answer to a signal sent through the console for stepready_signal_sends_total.
+func sendOutcome(err error) string {
+	var pgErr *pgconn.PgError
+	switch {
+	case err == nil:
+		return metrics.SendSent
+	case errors.Is(err, stepready.ErrSignalRefused) || (errors.As(err, &pgErr) && pgErr.Code == "55000"):
+		return metrics.SendRefused
+	case errors.Is(err, stepready.ErrNotFound):
+		return metrics.SendNotFound
+	case errors.Is(err, stepready.ErrInvalidSignal) ||
+		(errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || pgErr.Code == "54000")):
+		return metrics.SendInvalid
+	}
+	return metrics.SendError
 }

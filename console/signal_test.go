@@ -120,6 +120,11 @@ func TestSignalAPI(t *testing.T) {
 	require.Contains(t, out["error"], "over the limit of 50 bytes")
 	f.exec(`UPDATE stepready.settings SET value = '1048576' WHERE name = 'max_output_bytes'`)
 	require.Zero(t, f.signalCount(task), "nothing was kept of the refusals")
+	// Refusals leave nothing in the database: the console counts them (unauthorized requests are not sends).
+	require.Equal(t, 1, f.sends("api", "refused"))
+	require.Equal(t, 2, f.sends("api", "not_found"))
+	require.Equal(t, 12, f.sends("api", "invalid"))
+	require.Zero(t, f.sends("api", "sent"))
 
 	// Delivered: the step completes with the payload as its output.
 	status, out = f.api(testToken, body)
@@ -130,6 +135,7 @@ func TestSignalAPI(t *testing.T) {
 	require.Equal(t, "complete", state)
 	require.JSONEq(t, `{"by": "ada", "note": "\"quoted\" é"}`, output)
 	require.Equal(t, "api", actor)
+	require.Equal(t, 1, f.sends("api", "sent"))
 
 	// By the task's key, with an idempotency key, buffered (later's parent has not run): a repeat answers the
 	// first id and adds nothing.
@@ -228,6 +234,8 @@ func TestSignalForm(t *testing.T) {
 	require.Equal(t, "complete", state)
 	require.JSONEq(t, `{"by": "<b>ada</b>"}`, output)
 	require.Equal(t, "ui", actor)
+	require.Equal(t, []int{1, 1, 1}, []int{f.sends("ui", "invalid"), f.sends("ui", "refused"), f.sends("ui", "sent")},
+		"the form's sends by outcome: invalid, refused, sent")
 	_, body = f.page(stepPath)
 	require.NotContains(t, body, `id="signal-form"`, "a finished step has no form")
 

@@ -110,6 +110,7 @@ func (o *globalOptions) runDaemon(ctx context.Context, p *runParams) error {
 	if err != nil {
 		return err
 	}
+	copts.Registerer = registry // the console's signal sends on this process's /metrics
 	pool, err := newPool(ctx, p.databaseURL, daemonPoolSize(p.daemon.concurrency), p.daemon.pollOnly)
 	if err != nil {
 		return err
