@@ -370,6 +370,11 @@ BEGIN
                                   CASE WHEN sd.name IS NULL THEN 30000 END);
     NEW.jitter        := COALESCE(NEW.jitter, sp.jitter, (tr ->> 'jitter')::float8, tp.jitter, sd.jitter, 0);
     NEW.retry_policy  := COALESCE(NEW.retry_policy, tr ->> 'policy', 'standard');
+    -- A wait step (SPEC §20) has one attempt and no retry, whatever the policies say (create_tasks stores the same).
+    IF NEW.wait IS NOT NULL THEN
+        NEW.max_attempts := 1;
+        NEW.retryable    := false;
+    END IF;
 
     IF NEW.max_attempts < 0 THEN
         PERFORM stepready._definition_error(v_where, format('max_attempts must be >= 0, got %s', NEW.max_attempts));

@@ -113,6 +113,7 @@ DECLARE
     v_map_failed int[];
     v_map_err   jsonb[];
     v_waits     bigint[];
+    v_ready     bigint[];
 BEGIN
     WITH per_step AS (
         SELECT r.id, r.task_id, sum(r.unsat)::int AS unsat, sum(r.err)::int AS err,
@@ -125,14 +126,17 @@ BEGIN
                        -- a claim, or a wait step starting to wait (SPEC §20: its task is running)
                        (n.state IN ('enqueued', 'in_progress', 'waiting'))::int AS started,
                        n.completed_at AS at,
-                       stepready._claimable_now(n.state, n.pending_parents, n.task_held, n.next_attempt_at)::int
+                       -- a wait step is never claimable (SPEC §20): its `pending` instant is not announced
+                       (n.wait IS NULL
+                        AND stepready._claimable_now(n.state, n.pending_parents, n.task_held, n.next_attempt_at))::int
                            AS claimable
                   FROM new_rows n
                 UNION ALL
                 SELECT o.id, o.task_id, o.map_step_id IS NOT NULL,
                        -(NOT stepready._satisfies(o.state))::int, -(o.state = 'error')::int,
                        -(o.state IN ('enqueued', 'in_progress', 'waiting'))::int, NULL,
-                       -stepready._claimable_now(o.state, o.pending_parents, o.task_held, o.next_attempt_at)::int
+                       -(o.wait IS NULL
+                         AND stepready._claimable_now(o.state, o.pending_parents, o.task_held, o.next_attempt_at))::int
                   FROM old_rows o) r
          GROUP BY r.id, r.task_id
     ), per_task AS (
@@ -165,17 +169,36 @@ BEGIN
         IF v_children IS NOT NULL THEN
             PERFORM 1 FROM stepready.steps c WHERE c.id = ANY (v_children) ORDER BY c.id FOR UPDATE;
             -- The state does not change: setting updated_at is all the bookkeeping there is (no row trigger call).
-            -- Wait steps whose last parent just became satisfied (SPEC §20) start waiting below.
+            -- Nor is there any for this trigger to do on the children's update but the wake-up of those that became
+            -- claimable (no state, error count, map count or concurrency slot changes), so this pass does it from
+            -- the RETURNING and the flag stepready.counting_down keeps the trigger from firing a second pass for
+            -- the update (it cost as much as the first: a completion, or a signal, is a batch of one). Set just for
+            -- this statement: the flag is read when the statement queues its trigger, at its end, so it is cleared
+            -- in a statement of its own after it. A claimable child was not claimable before (pending_parents was
+            -- > 0 unless the counter was already wrong, and then the wake-up is only spurious: a hint).
+            -- Wait steps whose last parent just became satisfied (SPEC §20) start waiting below, in an update that
+            -- does fire the trigger.
+            PERFORM pg_catalog.set_config('stepready.counting_down', 'on', true);
             WITH u AS (
                 UPDATE stepready.steps s
                    SET pending_parents = GREATEST(s.pending_parents + d.delta, 0),
                        updated_at = now()
                   FROM unnest(v_children, v_child_d) AS d(id, delta)
                  WHERE s.id = d.id
-                RETURNING s.id, s.wait IS NOT NULL AND s.pending_parents = 0
-                          AND s.state IN ('pending', 'waiting_for_retry') AS starts_waiting
+                RETURNING s.id, s.task_id, s.wait IS NOT NULL AND s.pending_parents = 0
+                          AND s.state IN ('pending', 'waiting_for_retry') AS starts_waiting,
+                          s.wait IS NULL AND d.delta < 0
+                          AND stepready._claimable_now(s.state, s.pending_parents, s.task_held, s.next_attempt_at)
+                          AS ready
             )
-            SELECT array_agg(u.id ORDER BY u.id) FILTER (WHERE u.starts_waiting) INTO v_waits FROM u;
+            SELECT array_agg(u.id ORDER BY u.id) FILTER (WHERE u.starts_waiting),
+                   array_agg(DISTINCT u.task_id) FILTER (WHERE u.ready)
+              INTO v_waits, v_ready
+              FROM u;
+            PERFORM pg_catalog.set_config('stepready.counting_down', '', true);
+            IF v_ready IS NOT NULL THEN
+                v_notify := ARRAY(SELECT DISTINCT x FROM unnest(v_notify || v_ready) AS x ORDER BY 1);
+            END IF;
             IF v_waits IS NOT NULL THEN
                 -- As of the parents' completion (their p_as_of, kept in completed_at), so a wait's deadline
                 -- follows the time the caller pinned.
@@ -256,10 +279,14 @@ BEGIN
 END;
 $$;
 
+-- Not fired for the children's update of _steps_after_update itself, which does that update's bookkeeping (the
+-- flag is set by it for that one statement).
 CREATE OR REPLACE TRIGGER steps_after_update
     AFTER UPDATE ON stepready.steps
     REFERENCING OLD TABLE AS old_rows NEW TABLE AS new_rows
-    FOR EACH STATEMENT EXECUTE FUNCTION stepready._steps_after_update();
+    FOR EACH STATEMENT
+    WHEN (pg_catalog.current_setting('stepready.counting_down', true) IS DISTINCT FROM 'on')
+    EXECUTE FUNCTION stepready._steps_after_update();
 
 -- Inserted and deleted steps are counted once per statement, so defining a task of N steps updates its row
 -- once, not N times (N updates of one row in one transaction cost O(N²)). The elements of map steps are not

@@ -33,7 +33,8 @@ DECLARE
 BEGIN
     SELECT array_agg(DISTINCT n.task_id) INTO v_tasks
       FROM new_rows n
-     WHERE stepready._claimable_now(n.state, n.pending_parents, n.task_held, n.next_attempt_at);
+     WHERE n.wait IS NULL -- a wait step is never claimable (SPEC §20): it starts waiting at commit
+       AND stepready._claimable_now(n.state, n.pending_parents, n.task_held, n.next_attempt_at);
     IF v_tasks IS NOT NULL THEN
         PERFORM stepready._notify_ready(v_tasks);
     END IF;

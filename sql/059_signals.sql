@@ -426,6 +426,7 @@ AS $$
 DECLARE
     v_payload jsonb := COALESCE(p_payload, '{}');
     v_size    bigint;
+    v_max     bigint;
     v_id      bigint;
     v_status  text;
     v_readers int;
@@ -449,9 +450,10 @@ BEGIN
         RAISE EXCEPTION 'send_signal: p_as_of must not be NULL' USING ERRCODE = '22023';
     END IF;
     v_size := octet_length(v_payload::text);
-    IF v_size > stepready._max_output_bytes() THEN
+    v_max := stepready._max_output_bytes(); -- read once: it is a lookup of stepready.settings
+    IF v_size > v_max THEN
         RAISE EXCEPTION 'signal "%" to task %: payload is % bytes, over the limit of % bytes (a payload becomes a step''s output: stepready.settings max_output_bytes)',
-            p_name, p_task_id, v_size, stepready._max_output_bytes() USING ERRCODE = '54000';
+            p_name, p_task_id, v_size, v_max USING ERRCODE = '54000';
     END IF;
 
     PERFORM stepready._signal_lock(p_task_id);
@@ -493,14 +495,31 @@ BEGIN
         END IF;
     END IF;
 
-    INSERT INTO stepready.signals (task_id, name, payload, idempotency_key, created_at)
-    VALUES (p_task_id, p_name, v_payload, p_idempotency_key, p_as_of)
+    -- A signal delivered at once is written consumed (no second version of its row), and the step it completes,
+    -- whose row this call holds, is updated once: what _signal_deliver does, without reading either again.
+    INSERT INTO stepready.signals (task_id, name, payload, idempotency_key, created_at, consumed_by, consumed_at)
+    VALUES (p_task_id, p_name, v_payload, p_idempotency_key, p_as_of, v_step,
+            CASE WHEN v_step IS NOT NULL THEN p_as_of END)
     RETURNING id INTO v_id;
     PERFORM stepready._log_task(p_task_id, 'signal.received',
         jsonb_build_object('signal', p_name, 'signal_id', v_id, 'idempotency_key', p_idempotency_key,
                            'delivered_to', v_step, 'buffered', v_step IS NULL, 'bytes', v_size), p_as_of);
     IF v_step IS NOT NULL THEN
-        PERFORM stepready._signal_deliver(ARRAY[v_step], ARRAY[v_id], p_as_of);
+        WITH done AS (
+            UPDATE stepready.steps s
+               SET state = 'complete', output = v_payload, wait_until = NULL, completed_at = p_as_of,
+                   updated_at = now()
+             WHERE s.id = v_step
+            RETURNING s.id, s.task_id, s.attempts, s.iteration
+        )
+        INSERT INTO stepready.step_events (task_id, step_id, attempt, iteration, event, from_state, to_state,
+                                           details, at)
+        SELECT d.task_id, d.id, d.attempts, d.iteration, e.event, e.from_state, e.to_state,
+               jsonb_build_object('signal', p_name, 'signal_id', v_id), p_as_of
+          FROM done d
+         CROSS JOIN (VALUES (1, 'signal.delivered', 'waiting', 'waiting'),
+                            (2, 'step.completed', 'waiting', 'complete')) AS e(n, event, from_state, to_state)
+         ORDER BY e.n;
     END IF;
     RETURN v_id;
 END;

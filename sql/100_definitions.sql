@@ -744,8 +744,12 @@ BEGIN
             OVERRIDING SYSTEM VALUE
             -- A wait step (SPEC §20) has no handler: its column reads `wait` (its `wait` is written below).
             SELECT v_sids[t.off + s.ordinality], t.tid, s.name, COALESCE(s.handler, 'wait'), COALESCE(s.input, '{}'),
-                   COALESCE((s.retry ->> 'max_attempts')::numeric::int, (f.sp ->> 'max_attempts')::int, t.max_attempts),
-                   COALESCE((s.retry ->> 'retryable')::bool, (f.sp ->> 'retryable')::bool, t.retryable),
+                   -- A wait step (no handler: the validation allows none other) has one attempt and no retry.
+                   CASE WHEN s.handler IS NULL THEN 1
+                        ELSE COALESCE((s.retry ->> 'max_attempts')::numeric::int, (f.sp ->> 'max_attempts')::int,
+                                      t.max_attempts) END,
+                   CASE WHEN s.handler IS NULL THEN false
+                        ELSE COALESCE((s.retry ->> 'retryable')::bool, (f.sp ->> 'retryable')::bool, t.retryable) END,
                    COALESCE(s.retry ->> 'backoff', f.sp ->> 'backoff', t.backoff),
                    COALESCE((s.retry ->> 'base_delay_ms')::numeric::bigint, (f.sp ->> 'base_delay_ms')::bigint,
                             t.base_delay_ms),
