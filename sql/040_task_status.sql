@@ -196,9 +196,7 @@ BEGIN
               INTO v_waits, v_ready
               FROM u;
             PERFORM pg_catalog.set_config('stepready.counting_down', '', true);
-            IF v_ready IS NOT NULL THEN
-                v_notify := ARRAY(SELECT DISTINCT x FROM unnest(v_notify || v_ready) AS x ORDER BY 1);
-            END IF;
+            v_notify := v_notify || v_ready; -- _notify_ready notifies each task once
             IF v_waits IS NOT NULL THEN
                 -- As of the parents' completion (their p_as_of, kept in completed_at), so a wait's deadline
                 -- follows the time the caller pinned.
