@@ -746,9 +746,10 @@ func TestMapResolveStepOf100000ElementsIsSetBased(t *testing.T) {
 	calls := b.callCounting([]string{"_steps_after_update", "_steps_before_update", "_log"},
 		`SELECT stepready.resolve_step($1, '["by hand"]', $2)`, ids["m"], at)
 	t.Logf("resolve_step of a 100,000-element map: %v", time.Since(start))
-	// The statement trigger for the map step's UPDATE, its elements' and its child's count; steps_before_update
-	// for the map step's own row; its two events (step.resolved, operator.resolve): nothing per element.
-	require.Equal(t, map[string]int{"_steps_after_update": 3, "_steps_before_update": 1, "_log": 2}, calls)
+	// The statement trigger for the map step's UPDATE and its elements' (the map step's pass counts its child down
+	// itself: issue 22; a third pass for that before); steps_before_update for the map step's own row; its two
+	// events (step.resolved, operator.resolve): nothing per element.
+	require.Equal(t, map[string]int{"_steps_after_update": 2, "_steps_before_update": 1, "_log": 2}, calls)
 
 	require.Equal(t, map[string]int{"complete": 1, "cancelled": n - 1}, b.elementStates(ids["m"]))
 	b.requireState(ids["m"], "resolved_manually")
