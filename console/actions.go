@@ -278,12 +278,7 @@ func (c *Console) stepAction(w http.ResponseWriter, r *http.Request) {
 	}
 	// The step must be the task's: the operator functions take the step's id alone, so without this check
 	// /tasks/1/steps/2/resolve would act on step 2 whatever its task.
-	switch owner, err := readmodel.StepTask(r.Context(), c.pool, stepID); {
-	case errors.Is(err, readmodel.ErrNotFound) || (err == nil && owner != taskID):
-		http.Error(w, fmt.Sprintf("task %d has no step %d", taskID, stepID), http.StatusNotFound)
-		return
-	case err != nil:
-		c.fail(w, "step", err)
+	if !c.stepOfTask(w, r, taskID, stepID) {
 		return
 	}
 	back := fmt.Sprintf("/tasks/%d/steps/%d", taskID, stepID)
@@ -349,4 +344,19 @@ func refusal(code string) bool {
 		return true
 	}
 	return strings.HasPrefix(code, "22")
+}
+
+// stepOfTask reports whether step stepID is task taskID's; when it is not (or cannot be read) it has answered: 404
+// for a step of another task or none, the read's error otherwise. The operator functions take a step's id alone,
+// so every step action under /tasks/{id} checks the pair first.
+func (c *Console) stepOfTask(w http.ResponseWriter, r *http.Request, taskID, stepID int64) bool {
+	switch owner, err := readmodel.StepTask(r.Context(), c.pool, stepID); {
+	case errors.Is(err, readmodel.ErrNotFound) || (err == nil && owner != taskID):
+		http.Error(w, fmt.Sprintf("task %d has no step %d", taskID, stepID), http.StatusNotFound)
+		return false
+	case err != nil:
+		c.fail(w, "step", err)
+		return false
+	}
+	return true
 }

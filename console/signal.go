@@ -12,7 +12,6 @@ import (
 
 	"github.com/stepready/stepready"
 	"github.com/stepready/stepready/internal/metrics"
-	"github.com/stepready/stepready/internal/readmodel"
 )
 
 // sendSignalForm is POST /tasks/{id}/signal, the step page's "Send signal" form (SPEC §20): it sends the signal
@@ -35,12 +34,7 @@ func (c *Console) sendSignalForm(w http.ResponseWriter, r *http.Request) {
 			http.Error(w, "step: want a step id", http.StatusBadRequest)
 			return
 		}
-		switch owner, err := readmodel.StepTask(r.Context(), c.pool, stepID); {
-		case errors.Is(err, readmodel.ErrNotFound) || (err == nil && owner != taskID):
-			http.Error(w, fmt.Sprintf("task %d has no step %d", taskID, stepID), http.StatusNotFound)
-			return
-		case err != nil:
-			c.fail(w, "step", err)
+		if !c.stepOfTask(w, r, taskID, stepID) {
 			return
 		}
 		back = fmt.Sprintf("/tasks/%d/steps/%d", taskID, stepID)

@@ -23,29 +23,20 @@ func resolveCalls(t *testing.T, conn *pgx.Conn, query string, args ...any) (int6
 	return functionCalls(t, conn, "_resolve_input", query, args...)
 }
 
-// functionCalls is resolveCalls counting the calls of stepready.fn.
+// functionCalls is resolveCalls counting the calls of stepready.fn (through callsOf).
 func functionCalls(t *testing.T, conn *pgx.Conn, fn, query string, args ...any) (int64, []string) {
 	t.Helper()
-	// The counts of earlier transactions stay pending in this backend (and in pg_stat_xact_*) until a flush:
-	// one is forced when the backend goes idle after this command.
-	_, err := conn.Exec(t.Context(), `SELECT pg_catalog.pg_stat_force_next_flush()`)
-	require.NoError(t, err)
-	tx, err := conn.Begin(t.Context())
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(t.Context()) }()
-	_, err = tx.Exec(t.Context(), `SET LOCAL track_functions = 'all'`)
-	require.NoError(t, err)
-	rows, err := tx.Query(t.Context(), `SELECT COALESCE(x.input::text, 'null') FROM (`+query+`) AS x(id, input)
-		ORDER BY x.id`, args...)
-	require.NoError(t, err)
-	inputs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	require.NoError(t, err)
-	var n int64
-	require.NoError(t, tx.QueryRow(t.Context(), `SELECT COALESCE(sum(calls), 0)::bigint
-		FROM pg_catalog.pg_stat_xact_user_functions WHERE schemaname = 'stepready' AND funcname = $1`, fn).
-		Scan(&n))
-	require.NoError(t, tx.Commit(t.Context()))
-	return n, inputs
+	var inputs []string
+	calls := callsOf(t, conn, []string{fn}, func(tx pgx.Tx) error {
+		rows, err := tx.Query(t.Context(), `SELECT COALESCE(x.input::text, 'null') FROM (`+query+`) AS x(id, input)
+			ORDER BY x.id`, args...)
+		if err != nil {
+			return err
+		}
+		inputs, err = pgx.CollectRows(rows, pgx.RowTo[string])
+		return err
+	})
+	return calls[fn], inputs
 }
 
 // TestStartResolvesOnlyInputsWithReferences: claim_and_start_steps and start_steps resolve the input of the
