@@ -296,15 +296,11 @@ func creationBulk(ctx context.Context, env *Env, size Size) ([]Row, error) {
 
 // creationFile is 7c.
 func creationFile(ctx context.Context, env *Env, size Size) ([]Row, error) {
-	dir, err := os.MkdirTemp("", "stepready-bench-")
+	bin, dir, remove, err := buildScheduler(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = os.RemoveAll(dir) }()
-	bin, err := buildScheduler(ctx, dir)
-	if err != nil {
-		return nil, err
-	}
+	defer remove()
 	file := filepath.Join(dir, "chains.jsonl")
 	if err := writeChainLines(file, size.CreationFileChains); err != nil {
 		return nil, err

@@ -30,15 +30,11 @@ var memoryProbe = json.RawMessage(`{"name": "probe", "steps": [{"name": "s", "ha
 // memory is scenario 6: the peak resident set of the real daemon (`scheduler run`, a child process) while it
 // works the workload of scenario 2a, read from the kernel's VmHWM of that process alone.
 func memory(ctx context.Context, env *Env, size Size) ([]Row, error) {
-	dir, err := os.MkdirTemp("", "stepready-bench-")
+	bin, _, remove, err := buildScheduler(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = os.RemoveAll(dir) }()
-	bin, err := buildScheduler(ctx, dir)
-	if err != nil {
-		return nil, err
-	}
+	defer remove()
 	m, err := measureDaemon(ctx, env, bin, size.MemorySteps, nil)
 	if err != nil {
 		return nil, err
@@ -53,18 +49,23 @@ func memory(ctx context.Context, env *Env, size Size) ([]Row, error) {
 
 func megabytes(b int64) float64 { return float64(b) / 1e6 }
 
-// buildScheduler compiles the scheduler command into dir and returns the binary's path.
-func buildScheduler(ctx context.Context, dir string) (string, error) {
+// buildScheduler compiles the scheduler command into a new temporary directory and returns the binary's path and
+// that directory (for the scenario's other files); remove deletes the directory. On error nothing is left behind.
+func buildScheduler(ctx context.Context) (bin, dir string, remove func(), err error) {
 	goBin, err := exec.LookPath("go")
 	if err != nil {
-		return "", fmt.Errorf("build %s: the go command is not in PATH: %w", schedulerPackage, err)
+		return "", "", nil, fmt.Errorf("build %s: the go command is not in PATH: %w", schedulerPackage, err)
 	}
-	bin := filepath.Join(dir, "scheduler")
-	out, err := exec.CommandContext(ctx, goBin, "build", "-o", bin, schedulerPackage).CombinedOutput()
-	if err != nil {
-		return "", fmt.Errorf("build %s: %w\n%s", schedulerPackage, err, out)
+	if dir, err = os.MkdirTemp("", "stepready-bench-"); err != nil {
+		return "", "", nil, err
 	}
-	return bin, nil
+	remove = func() { _ = os.RemoveAll(dir) }
+	bin = filepath.Join(dir, "scheduler")
+	if out, err := exec.CommandContext(ctx, goBin, "build", "-o", bin, schedulerPackage).CombinedOutput(); err != nil {
+		remove()
+		return "", "", nil, fmt.Errorf("build %s: %w\n%s", schedulerPackage, err, out)
+	}
+	return bin, dir, remove, nil
 }
 
 // daemonMemory is what measureDaemon saw, in bytes.

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -74,15 +73,11 @@ func signals(ctx context.Context, env *Env, size Size) ([]Row, error) {
 	n := size.SignalWaiting
 	var rows []Row
 
-	dir, err := os.MkdirTemp("", "stepready-bench-")
+	bin, _, remove, err := buildScheduler(ctx)
 	if err != nil {
 		return nil, err
 	}
-	defer func() { _ = os.RemoveAll(dir) }()
-	bin, err := buildScheduler(ctx, dir)
-	if err != nil {
-		return nil, err
-	}
+	defer remove()
 	// Peak RSS varies by a few MB from one run to the next (the Go heap's growth): medians of three, interleaved.
 	// The RSS after the probe task (before the workload) is kept too: it tells a daemon that holds more from the
 	// start from one whose work peaks higher.
