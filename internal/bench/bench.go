@@ -91,6 +91,8 @@ var Sizes = map[string]Size{
 
 // Row is one line of the report.
 type Row struct {
+	// Profile is the cluster's profile (ProfileDurable or ProfileFast); RunProfiles fills it.
+	Profile  string  `json:"profile"`
 	Scenario string  `json:"scenario"`
 	Figure   string  `json:"figure"`
 	Value    float64 `json:"value"`
@@ -108,7 +110,12 @@ type Report struct {
 	StartedAt time.Time `json:"started_at"`
 	Postgres  string    `json:"postgres"`
 	Options   Options   `json:"options"`
-	Rows      []Row     `json:"rows"`
+	// Profiles are the profiles measured, in the order of the rows.
+	Profiles []string `json:"profiles"`
+	// Load is the machine's 1-minute load average at the start of each profile (Linux; NaN elsewhere), so a
+	// reader can tell a busy machine's figures from a quiet one's.
+	Load map[string]float64 `json:"load_average,omitempty"`
+	Rows []Row              `json:"rows"`
 }
 
 // Options change how every scenario connects, to measure what a deployment choice costs. The zero value is the
@@ -125,16 +132,36 @@ type Options struct {
 	// pools then use store.PoolerQueryExecMode unless QueryExecMode is set. It implies PollOnly.
 	PgBouncer bool `json:"pgbouncer,omitempty"`
 	// ServerDefaults starts the cluster with pgcluster.DefaultSettings (the server's own defaults: crash safety,
-	// JIT, autovacuum) instead of pgcluster.FastSettings (crash safety off, as for the tests).
+	// JIT, autovacuum) instead of pgcluster.FastSettings (crash safety off, as for the tests): the durable
+	// profile. RunProfiles sets it per profile.
 	ServerDefaults bool `json:"server_defaults,omitempty"`
+}
+
+// The benchmark profiles: the settings of the throwaway cluster a run measures on.
+const (
+	// ProfileDurable is a stock server: fsync, synchronous_commit, full_page_writes, JIT and autovacuum on, as
+	// users run PostgreSQL. Reported first: it is what users get.
+	ProfileDurable = "durable"
+	// ProfileFast turns crash safety off (fsync, synchronous_commit, full_page_writes), as the tests do. Kept for
+	// comparison with the figures measured before the durable profile existed, and to show what is CPU rather
+	// than commit latency.
+	ProfileFast = "fast"
+)
+
+// Profiles are the profiles `make bench` runs, in the order it reports them.
+var Profiles = []string{ProfileDurable, ProfileFast}
+
+// profile names the profile of opts.
+func (o Options) profile() string {
+	if o.ServerDefaults {
+		return ProfileDurable
+	}
+	return ProfileFast
 }
 
 // label describes the options in a figure ("" for the default measurement).
 func (o Options) label() string {
 	var parts []string
-	if o.ServerDefaults {
-		parts = append(parts, "server defaults")
-	}
 	if o.PgBouncer {
 		parts = append(parts, "through PgBouncer")
 	}
@@ -254,7 +281,57 @@ func ScenarioNames() []string {
 	return names
 }
 
-// RunSelected runs the scenarios whose name keep accepts (nil: all) at size with opts and returns the report.
+// RunProfiles runs the scenarios whose name keep accepts (nil: all) at size with opts once per profile, each on
+// a throwaway cluster of its own, in the order given (ProfileDurable first in `make bench`), and returns one
+// report whose rows name their profile. Every ratio compares figures of one profile and one cluster.
+func RunProfiles(ctx context.Context, size Size, logger *slog.Logger, keep func(name string) bool, opts Options,
+	profiles []string) (*Report, error) {
+	var all *Report
+	for _, p := range profiles {
+		switch p {
+		case ProfileDurable:
+			opts.ServerDefaults = true
+		case ProfileFast:
+			opts.ServerDefaults = false
+		default:
+			return all, fmt.Errorf("bench: unknown profile %q (%s or %s)", p, ProfileDurable, ProfileFast)
+		}
+		load := loadAverage()
+		logger.Info("bench: profile", slog.String("profile", p), slog.Float64("load", load))
+		rep, err := RunSelected(ctx, size, logger, keep, opts)
+		if all == nil && rep != nil {
+			all = rep
+			all.Rows = nil
+			all.Options.ServerDefaults = false
+			all.Load = map[string]float64{}
+		}
+		if rep != nil {
+			all.Profiles = append(all.Profiles, p)
+			all.Load[p] = load
+			all.Rows = append(all.Rows, rep.Rows...)
+		}
+		if err != nil {
+			return all, err
+		}
+	}
+	return all, nil
+}
+
+// loadAverage is the machine's 1-minute load average (NaN when /proc/loadavg cannot be read).
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return math.NaN()
+	}
+	var l float64
+	if _, err := fmt.Sscan(string(b), &l); err != nil {
+		return math.NaN()
+	}
+	return l
+}
+
+// RunSelected runs the scenarios whose name keep accepts (nil: all) at size with opts on one cluster (the
+// profile opts.ServerDefaults chooses) and returns the report.
 func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(name string) bool, opts Options) (
 	*Report, error) {
 	opts.PollOnly = opts.PollOnly || opts.PgBouncer
@@ -279,7 +356,7 @@ func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(
 		defer func() { _ = b.Stop() }()
 		env.bouncer = b
 	}
-	rep := &Report{Size: size.Name, StartedAt: time.Now().UTC(), Options: opts}
+	rep := &Report{Size: size.Name, StartedAt: time.Now().UTC(), Options: opts, Profiles: []string{opts.profile()}}
 	pool, err := pgxpool.New(ctx, cl.URL)
 	if err == nil {
 		_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&rep.Postgres)
@@ -291,8 +368,11 @@ func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(
 		}
 		logger.Info("bench: scenario", slog.String("name", sc.name))
 		rows, err := sc.run(ctx, env, size)
+		for i := range rows {
+			rows[i].Profile = opts.profile()
+		}
 		if err != nil {
-			return rep, fmt.Errorf("bench: %s: %w", sc.name, err)
+			return rep, fmt.Errorf("bench: %s (%s profile): %w", sc.name, opts.profile(), err)
 		}
 		rep.Rows = append(rep.Rows, rows...)
 	}
@@ -325,7 +405,10 @@ var scenarios = []scenario{
 // Print writes the report as a table.
 func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "scenario\tfigure\tvalue\tbaseline\tratio\ttarget\tmet\n")
+	for _, p := range r.Profiles {
+		fmt.Fprintf(w, "profile %s: load average %.1f at its start\n", p, r.Load[p])
+	}
+	fmt.Fprintf(tw, "profile\tscenario\tfigure\tvalue\tbaseline\tratio\ttarget\tmet\n")
 	for _, row := range r.Rows {
 		met := "-"
 		if row.Met != nil {
@@ -336,7 +419,7 @@ func (r *Report) Print(w io.Writer) {
 			base = fmt.Sprintf("%s %.4g", row.Baseline, row.BaseVal)
 			ratio = fmt.Sprintf("%.2f", row.Ratio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.4g %s\t%s\t%s\t%s\t%s\n", row.Scenario, row.Figure, row.Value, row.Unit, base,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4g %s\t%s\t%s\t%s\t%s\n", row.Profile, row.Scenario, row.Figure, row.Value, row.Unit, base,
 			ratio, row.Target, met)
 	}
 	_ = tw.Flush()
