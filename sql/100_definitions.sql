@@ -796,11 +796,14 @@ BEGIN
              CROSS JOIN LATERAL ROWS FROM (jsonb_to_recordset(t.steps) AS (depends_on jsonb)) WITH ORDINALITY AS s
              CROSS JOIN LATERAL jsonb_array_elements_text(s.depends_on) AS dep(name)
         )
-        -- Daemons are told (SPEC §6): every task created has a step with no parent, claimable now or at its run_at
-        -- (which their wake-up timer must learn).
-        SELECT (SELECT array_agg(i.id ORDER BY i.id) FROM ins_tasks i), count(pg_notify('stepready_ready', t.tid::text))
+        SELECT (SELECT array_agg(i.id ORDER BY i.id) FROM ins_tasks i), count(*)
           INTO v_ins_ids, v_notified
           FROM t;
+        -- Daemons are told (SPEC §6, as amended: sql/045_notify.sql): every task created has a step with no
+        -- parent, claimable now or at its run_at (which their wake-up timer must learn). One increment per call.
+        IF v_notified > 0 THEN
+            PERFORM stepready._notify_ready(NULL);
+        END IF;
 
         -- Map steps (sql/058_map.sql): their `map` written apart, by a statement that only a call defining one
         -- runs (and PL/pgSQL only plans then): creation without a map costs one text search more, and works on

@@ -29,6 +29,60 @@ type Poller struct {
 	// ClaimMax bounds one claim below BatchMax (0: BatchMax). Claiming at most half the concurrency at a time
 	// keeps two batches in flight, so one is claimed while the other is recorded.
 	ClaimMax int
+	// ProbeInterval is how often the poller reads the wake-up counter (store.WakeCount) while it waits; when the
+	// counter moved since it last read it, the poller claims. It is how work made ready by a transaction that sent
+	// no NOTIFY (every writing transaction since schema version 21: plain SQL, a worker in another language,
+	// another daemon's completions) starts promptly. 0 or less: no probing (notifications and the poll interval
+	// only).
+	ProbeInterval time.Duration
+
+	// The wake-up counter as last read (by a probe or with a claim), and the re-claims that follow a move.
+	probe probeState
+}
+
+// settleMax bounds the re-claims that follow a move of the wake-up counter. A transaction advances the counter in
+// the statement that readies a step, before it commits, so a claim made at once may not see its rows yet: the
+// poller claims again ProbeInterval later, then after twice as long, and so on up to settleMax after the move.
+// A transaction that commits within that time of its statement is claimed within about the same time; one that
+// commits later waits for the next move, notification or poll interval.
+const settleMax = time.Second
+
+// probeState is the Poller's view of the wake-up counter. Only the Run goroutine uses it.
+type probeState struct {
+	known     bool
+	count     int64
+	recheckAt time.Time     // zero: no re-claim due
+	step      time.Duration // the wait before recheckAt
+}
+
+// observe records a reading of the counter and says whether it moved since the last one. A move (re)starts
+// the re-claims.
+func (s *probeState) observe(count int64, now time.Time, interval time.Duration) bool {
+	if !s.known {
+		s.known, s.count = true, count
+		return false
+	}
+	if count == s.count {
+		return false
+	}
+	s.count = count
+	s.step = interval
+	s.recheckAt = now.Add(interval)
+	return true
+}
+
+// recheckDue says whether a re-claim is due at now, and schedules the next one.
+func (s *probeState) recheckDue(now time.Time) bool {
+	if s.recheckAt.IsZero() || now.Before(s.recheckAt) {
+		return false
+	}
+	s.step *= 2
+	if s.step > settleMax {
+		s.recheckAt = time.Time{}
+	} else {
+		s.recheckAt = now.Add(s.step)
+	}
+	return true
 }
 
 // Run claims until ctx is done. Errors are logged and retried at the next wake-up; a cancelled ctx returns nil.
@@ -37,6 +91,12 @@ func (p *Poller) Run(ctx context.Context) error {
 	defer due.Stop()
 	tick := time.NewTicker(p.PollInterval)
 	defer tick.Stop()
+	var probe <-chan time.Time
+	if p.ProbeInterval > 0 {
+		t := time.NewTicker(p.ProbeInterval)
+		defer t.Stop()
+		probe = t.C
+	}
 	var why string
 	for {
 		if ctx.Err() != nil {
@@ -50,19 +110,42 @@ func (p *Poller) Run(ctx context.Context) error {
 		// no round trip of its own when there is capacity to claim.
 		wait := p.claimAll(ctx, due, why == "due timer")
 		p.Logger.Debug("dispatch: waiting", slog.Duration("next_due_in", wait))
-		select {
-		case <-ctx.Done():
+		why = p.wait(ctx, due, tick, probe)
+		if why == "" {
 			return nil
-		case <-p.Wake:
-			why = "notification"
-		case <-due.C:
-			why = "due timer"
-		case <-tick.C:
-			why = "poll interval"
-		case <-p.Dispatcher.Freed():
-			why = "capacity freed"
 		}
 		p.Logger.Debug("dispatch: woken", slog.String("by", why))
+	}
+}
+
+// wait blocks until something calls for a claim and says what ("" when ctx is done). A probe that finds the
+// wake-up counter where it was, with no re-claim due, keeps waiting.
+func (p *Poller) wait(ctx context.Context, due *time.Timer, tick *time.Ticker, probe <-chan time.Time) string {
+	for {
+		select {
+		case <-ctx.Done():
+			return ""
+		case <-p.Wake:
+			return "notification"
+		case <-due.C:
+			return "due timer"
+		case <-tick.C:
+			return "poll interval"
+		case <-p.Dispatcher.Freed():
+			return "capacity freed"
+		case now := <-probe:
+			count, err := store.WakeCount(ctx, p.DB)
+			if err != nil {
+				p.logError(ctx, "dispatch: probe the wake-up counter", err)
+				continue
+			}
+			if p.probe.observe(count, now, p.ProbeInterval) {
+				return "wake-up counter"
+			}
+			if p.probe.recheckDue(now) {
+				return "wake-up counter, again"
+			}
+		}
 	}
 }
 
@@ -89,6 +172,7 @@ func (p *Poller) claimAll(ctx context.Context, timer *time.Timer, dueTimer bool)
 					break
 				}
 				wait, armed = p.setTimer(timer, due), true
+				p.probe.observe(due.Wakeups, time.Now(), p.ProbeInterval)
 			}
 			break
 		}
@@ -103,6 +187,7 @@ func (p *Poller) claimAll(ctx context.Context, timer *time.Timer, dueTimer bool)
 		}
 		if !armed {
 			wait, armed = p.setTimer(timer, due), true
+			p.probe.observe(due.Wakeups, time.Now(), p.ProbeInterval)
 		}
 		if n < limit {
 			break
@@ -117,11 +202,11 @@ func (p *Poller) claimAll(ctx context.Context, timer *time.Timer, dueTimer bool)
 // armTimer sets the timer to the earliest future next_attempt_at, measured on the database's clock, capped by
 // the poll interval.
 func (p *Poller) armTimer(ctx context.Context, t *time.Timer) time.Duration {
-	var due store.NextDue
-	var err error
-	due.At, due.DBNow, err = store.NextClaimAt(ctx, p.DB)
+	due, err := store.ReadNextDue(ctx, p.DB)
 	if err != nil {
 		p.logError(ctx, "dispatch: next claim time", err)
+	} else {
+		p.probe.observe(due.Wakeups, time.Now(), p.ProbeInterval)
 	}
 	return p.setTimer(t, due)
 }

@@ -141,9 +141,9 @@ func claimWithNextDue[T any](ctx context.Context, db BatchSender, capHint int, s
 	args ...any) ([]T, NextDue, error) {
 	var due NextDue
 	b := &pgx.Batch{}
-	b.Queue(`SELECT stepready.next_claim_at(), now()`).QueryRow(func(r pgx.Row) error {
+	b.Queue(nextDueSQL).QueryRow(func(r pgx.Row) error {
 		var at pgtype.Timestamptz
-		err := r.Scan(&at, &due.DBNow)
+		err := r.Scan(&at, &due.DBNow, &due.Wakeups)
 		due.At = finiteTime(at)
 		return err
 	})
@@ -265,7 +265,13 @@ type BatchSender interface {
 type NextDue struct {
 	At    *time.Time
 	DBNow time.Time
+	// Wakeups is the wake-up counter (wake_count) read before the claim: a later probe that reads another value
+	// knows that something may have become claimable since.
+	Wakeups int64
 }
+
+// nextDueSQL reads next_claim_at, the clock and the wake-up counter in one statement.
+const nextDueSQL = `SELECT stepready.next_claim_at(), now(), stepready.wake_count()`
 
 const claimAndStartSQL = `SELECT step_id, task_id, name, handler, input, attempt, attempt_number, timeout_ms, queue,
 	iteration, context, rules, deps, element, element_index FROM stepready.claim_and_start_steps($1, $2, $3)`
@@ -573,6 +579,38 @@ func ReapExpiredLeases(ctx context.Context, db DBTX, limit int) (int, error) {
 		return 0, fmt.Errorf("store: reap expired leases: %w", err)
 	}
 	return n, nil
+}
+
+// ReadNextDue reads what claimWithNextDue reads before a claim, without claiming: for a poller with no capacity to
+// claim.
+func ReadNextDue(ctx context.Context, db DBTX) (NextDue, error) {
+	var due NextDue
+	var at pgtype.Timestamptz
+	if err := db.QueryRow(ctx, nextDueSQL).Scan(&at, &due.DBNow, &due.Wakeups); err != nil {
+		return NextDue{}, fmt.Errorf("store: next claim time: %w", err)
+	}
+	due.At = finiteTime(at)
+	return due, nil
+}
+
+// WakeCount reads the wake-up counter (wake_count, sql/045_notify.sql): it moves whenever a transaction makes a
+// step claimable now. One read of a sequence's page: cheap enough to probe every few tens of milliseconds.
+func WakeCount(ctx context.Context, db DBTX) (int64, error) {
+	var n int64
+	if err := db.QueryRow(ctx, `SELECT stepready.wake_count()`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("store: wake count: %w", err)
+	}
+	return n, nil
+}
+
+// WakeDaemons calls wake_daemons (sql/045_notify.sql): a NOTIFY on stepready_ready in a transaction of its own
+// whose commit does not wait for the WAL flush. Call it on a pool or a connection outside a transaction, after
+// the commit of what it announces.
+func WakeDaemons(ctx context.Context, db DBTX, taskID int64) error {
+	if _, err := db.Exec(ctx, `SELECT stepready.wake_daemons($1)`, taskID); err != nil {
+		return fmt.Errorf("store: wake the daemons: %w", err)
+	}
+	return nil
 }
 
 // NextClaimAt returns when the next claimable step becomes due (nil: none is waiting on a backoff), and the
