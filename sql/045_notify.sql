@@ -40,7 +40,9 @@ CREATE OR REPLACE FUNCTION stepready.wake_count()
 RETURNS bigint
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT s.last_value FROM stepready.wakeups s;
+    -- Until the first nextval, last_value is the start value with is_called false: count it as one less, so
+    -- the first increment moves the count too.
+    SELECT CASE WHEN s.is_called THEN s.last_value ELSE s.last_value - 1 END FROM stepready.wakeups s;
 $$;
 
 -- Wakes the daemons listening on stepready_ready now: call it after COMMIT, in a transaction of its own (the Go
