@@ -108,7 +108,9 @@ func TestWakeUpsStepreadyReady(t *testing.T) {
 			}
 		}, true},
 		{"task created with a future run_at", func(b *lifecycleBundle) (int64, func()) {
-			return 0, func() { b.task(`{"name": "t", "run_at": "2200-01-01T00:00:00Z", "steps": [{"name": "a", "handler": "h"}]}`) }
+			return 0, func() {
+				b.task(`{"name": "t", "run_at": "2200-01-01T00:00:00Z", "steps": [{"name": "a", "handler": "h"}]}`)
+			}
 		}, true},
 		{"parent completed: the child becomes ready", func(b *lifecycleBundle) (int64, func()) {
 			taskID, ids := b.task(chain)
