@@ -25,7 +25,10 @@ import (
 // probe interval (Config.ProbeInterval, 25 ms by default). Calls that come while another call's wake-up is
 // already on its way after theirs are folded into it.
 func Wake(ctx context.Context, db DBTX) error {
-	return wakeAfterCommit(ctx, db, 0, time.Since(wakeEpoch))
+	if !claimWake(db, time.Since(wakeEpoch)) {
+		return nil
+	}
+	return store.WakeDaemons(ctx, db, 0)
 }
 
 // wakeEpoch is the origin of the monotonic instants the wake-up coalescing compares.
@@ -43,20 +46,33 @@ var (
 // cleared, which costs at most one wake-up per handle that is not folded.
 const wakeStatesMax = 1024
 
+// wakeTimeout bounds one wake-up sent in the background.
+const wakeTimeout = 10 * time.Second
+
 // wakeAfter wakes the daemons after a library call committed work that may have readied steps (taskID: one of
-// its tasks, 0 for "some task"), unless db is a transaction. Best effort: a failure is not the caller's (its
-// work is committed; the counter announces it), so it is dropped.
+// its tasks, 0 for "some task"), unless db is a transaction. In the background: the caller does not wait for it
+// (its commit can queue behind another transaction's NOTIFY, which holds PostgreSQL's notify lock through its WAL
+// flush). Best effort: a failure is not the caller's (its work is committed; the counter announces it), so it is
+// dropped.
 func wakeAfter(ctx context.Context, db DBTX, taskID int64) {
 	if _, inTx := db.(pgx.Tx); inTx {
 		return
 	}
-	_ = wakeAfterCommit(ctx, db, taskID, time.Since(wakeEpoch))
+	if !claimWake(db, time.Since(wakeEpoch)) {
+		return
+	}
+	go func() {
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wakeTimeout)
+		defer cancel()
+		_ = store.WakeDaemons(ctx, db, taskID)
+	}()
 }
 
-// wakeAfterCommit sends wake_daemons on db unless a wake-up sent after committed (an instant on wakeEpoch's
-// clock, taken once the caller's commit returned) is already on its way: its NOTIFY commits after the caller's
-// commit, so the daemons it wakes see the caller's rows. Ten producers committing together send about one.
-func wakeAfterCommit(ctx context.Context, db DBTX, taskID int64, committed time.Duration) error {
+// claimWake says whether the caller must send a wake-up on db: not when one was sent after committed (an instant
+// on wakeEpoch's clock, taken once the caller's commit returned), whose NOTIFY commits after the caller's commit,
+// so that the daemons it wakes see the caller's rows. Ten producers committing together send about one. When it
+// returns true, the caller's wake-up counts as sent now.
+func claimWake(db DBTX, committed time.Duration) bool {
 	v, loaded := wakeStates.Load(db)
 	if !loaded {
 		if wakeCount.Add(1) > wakeStatesMax {
@@ -69,11 +85,10 @@ func wakeAfterCommit(ctx context.Context, db DBTX, taskID int64, committed time.
 	for {
 		last := st.sent.Load()
 		if last > int64(committed) {
-			return nil
+			return false
 		}
 		if st.sent.CompareAndSwap(last, int64(time.Since(wakeEpoch))) {
-			break
+			return true
 		}
 	}
-	return store.WakeDaemons(ctx, db, taskID)
 }
