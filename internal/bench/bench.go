@@ -50,6 +50,8 @@ type Size struct {
 	// compared; half as long again after CreationLoaded chains), and CreationBulkRun how long 7b runs each of
 	// its two series (in three interleaved parts).
 	CreationRun, CreationBulkRun time.Duration
+	// CreationFlatRun is how long scenario 7d creates tasks from 10 producers (issue 34: 10 minutes at full size).
+	CreationFlatRun time.Duration
 	// CreationLoaded is how many chains scenario 7 bulk-loads before it measures 7a and 7b again.
 	CreationLoaded int
 	// CreationFileChains is how many chains scenario 7c creates from a JSON-lines file (River inserts four
@@ -77,13 +79,14 @@ type Size struct {
 var Sizes = map[string]Size{
 	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000,
 		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000,
-		CreationRun: 30 * time.Second, CreationBulkRun: 6 * time.Second, CreationLoaded: 20_000,
+		CreationRun: 30 * time.Second, CreationBulkRun: 6 * time.Second, CreationLoaded: 20_000, CreationFlatRun: time.Minute,
 		CreationFileChains: 100_000, HistorySteps: 100_000,
 		SteadyRun: time.Minute, FlowClaimLarge: 100_000, PythonSteps: 5_000, MapElements: 10_000, MapFanOut: 100_000,
 		DataflowDiamonds: 1_000, SignalWaiting: 20_000},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
 		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
 		CreationRun: 60 * time.Second, CreationBulkRun: 21 * time.Second, CreationLoaded: 100_000,
+		CreationFlatRun:    10 * time.Minute,
 		CreationFileChains: 1_000_000, HistorySteps: 1_000_000,
 		SteadyRun: 10 * time.Minute, FlowClaimLarge: 1_000_000, PythonSteps: 20_000, MapElements: 10_000,
 		MapFanOut: 100_000, DataflowDiamonds: 5_000, SignalWaiting: 100_000},
@@ -393,6 +396,7 @@ var scenarios = []scenario{
 	{"retry storm", retryStorm},
 	{"memory", memory},
 	{"creation", creation},
+	{"creation over time", creationFlat},
 	{"history", history},
 	{"steady state", steady},
 	{"flow control", flowControl},
