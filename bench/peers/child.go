@@ -131,7 +131,7 @@ func childMain(args []string) int {
 			return "", nil
 		}, dbos.WithWorkflowName("chain"))
 		dbos.RegisterWorkflow(d, dbSignal, dbos.WithWorkflowName("signal"))
-		if _, err := dbos.RegisterQueue(d, dbosQueue, dbos.WithWorkerConcurrency(concurrency)); err != nil {
+		if _, err := dbos.RegisterQueue(d, dbosQueue, dbos.WithWorkerConcurrency(concurrency), dbos.WithQueueBasePollingInterval(dbosQueuePoll)); err != nil {
 			fmt.Fprintln(os.Stderr, "child:", err)
 			return 1
 		}

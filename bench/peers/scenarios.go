@@ -280,8 +280,8 @@ func drainScenario(ctx context.Context, e *env, n int, def json.RawMessage, dbNa
 			return 0, err
 		}
 		defer db.stop()
-		if err := waitIdle(ctx, db.idle, 20*time.Minute); err != nil {
-			return 0, err
+		if err := waitIdle(ctx, db.idle, 5*time.Minute); err != nil {
+			return 0, fmt.Errorf("dbos (%s): %w", db.statuses(ctx), err)
 		}
 		return float64(n) / time.Since(begin).Seconds(), nil
 	})
