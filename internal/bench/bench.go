@@ -392,6 +392,7 @@ var scenarios = []scenario{
 	{"step_readiness", readinessLatency},
 	{"throughput", throughput},
 	{"latency", latency},
+	{"wake-ups", wakeups},
 	{"dag throughput", dagThroughput},
 	{"retry storm", retryStorm},
 	{"memory", memory},
