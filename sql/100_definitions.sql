@@ -804,7 +804,7 @@ BEGIN
         SELECT (SELECT array_agg(i.id ORDER BY i.id) FROM ins_tasks i), count(*)
           INTO v_ins_ids, v_notified
           FROM t;
-        -- Daemons are told (SPEC §6, as amended: sql/045_notify.sql): every task created has a step with no
+        -- Daemons are told (sql/045_notify.sql): every task created has a step with no
         -- parent, claimable now or at its run_at (which their wake-up timer must learn). One increment per call.
         IF v_notified > 0 THEN
             PERFORM stepready._notify_ready(NULL);
