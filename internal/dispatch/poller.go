@@ -42,7 +42,8 @@ type Poller struct {
 
 // settleMax bounds the re-claims that follow a move of the wake-up counter. A transaction advances the counter in
 // the statement that readies a step, before it commits, so a claim made at once may not see its rows yet: the
-// poller claims again ProbeInterval later, then after twice as long, and so on up to settleMax after the move.
+// poller claims again ProbeInterval later, then after twice that wait, and so on while the wait is at most
+// settleMax (with 25 ms: 25, 75, 175, 375, 775 and 1,575 ms after the move).
 // A transaction that commits within that time of its statement is claimed within about the same time; one that
 // commits later waits for the next move, notification or poll interval.
 const settleMax = time.Second
