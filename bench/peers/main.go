@@ -178,7 +178,8 @@ func run(ctx context.Context, sz size, logger *slog.Logger, keep []string, verbo
 	if err != nil {
 		return nil, err
 	}
-	tmp, err := os.MkdirTemp("", "stepready-peers-")
+	// Not named stepready-…: other tools clean abandoned stepready-* directories of the temporary directory.
+	tmp, err := os.MkdirTemp("", "peers-bench-")
 	if err != nil {
 		return nil, err
 	}
