@@ -302,22 +302,28 @@ func RunProfiles(ctx context.Context, size Size, logger *slog.Logger, keep func(
 		load := loadAverage()
 		logger.Info("bench: profile", slog.String("profile", p), slog.Float64("load", load))
 		rep, err := RunSelected(ctx, size, logger, keep, opts)
-		if all == nil && rep != nil {
-			all = rep
-			all.Rows = nil
-			all.Options.ServerDefaults = false
-			all.Load = map[string]float64{}
-		}
-		if rep != nil {
-			all.Profiles = append(all.Profiles, p)
-			all.Load[p] = load
-			all.Rows = append(all.Rows, rep.Rows...)
-		}
+		all = mergeReport(all, p, load, rep)
 		if err != nil {
 			return all, err
 		}
 	}
 	return all, nil
+}
+
+// mergeReport adds the report of one profile (nil: none) to all (nil: the first), and returns all.
+func mergeReport(all *Report, profile string, load float64, rep *Report) *Report {
+	if rep == nil {
+		return all
+	}
+	if all == nil {
+		all = &Report{Size: rep.Size, StartedAt: rep.StartedAt, Postgres: rep.Postgres, Options: rep.Options,
+			Load: map[string]float64{}}
+		all.Options.ServerDefaults = false
+	}
+	all.Profiles = append(all.Profiles, profile)
+	all.Load[profile] = load
+	all.Rows = append(all.Rows, rep.Rows...)
+	return all
 }
 
 // loadAverage is the machine's 1-minute load average (NaN when /proc/loadavg cannot be read).
