@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/stepready/stepready/internal/store"
 )
@@ -50,7 +51,7 @@ const wakeStatesMax = 1024
 const wakeTimeout = 10 * time.Second
 
 // wakeAfter wakes the daemons after a library call committed work that may have readied steps (taskID: one of
-// its tasks, 0 for "some task"), unless db is a transaction. In the background: the caller does not wait for it
+// its tasks, 0 for "some task"), unless db is a transaction. On a pool, in the background: the caller does not wait for it
 // (its commit can queue behind another transaction's NOTIFY, which holds PostgreSQL's notify lock through its WAL
 // flush). Best effort: a failure is not the caller's (its work is committed; the counter announces it), so it is
 // dropped.
@@ -59,6 +60,11 @@ func wakeAfter(ctx context.Context, db DBTX, taskID int64) {
 		return
 	}
 	if !claimWake(db, time.Since(wakeEpoch)) {
+		return
+	}
+	if _, pool := db.(*pgxpool.Pool); !pool {
+		// A connection serves one query at a time, and its owner may use or close it as soon as we return.
+		_ = store.WakeDaemons(ctx, db, taskID)
 		return
 	}
 	go func() {
