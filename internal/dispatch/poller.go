@@ -40,12 +40,13 @@ type Poller struct {
 	probe probeState
 }
 
-// settleMax bounds the re-claims that follow a move of the wake-up counter. A transaction advances the counter in
-// the statement that readies a step, before it commits, so a claim made at once may not see its rows yet: the
-// poller claims again ProbeInterval later, then after twice that wait, and so on while the wait is at most
-// settleMax (with 25 ms: 25, 75, 175, 375, 775 and 1,575 ms after the move).
-// A transaction that commits within that time of its statement is claimed within about the same time; one that
-// commits later waits for the next move, notification or poll interval.
+// settleMax bounds the wait between the re-claims that follow a move of the wake-up counter. A transaction
+// advances the counter in the statement that readies a step, before it commits, so a claim made at once may not
+// see its rows yet: the poller claims again ProbeInterval later, then after twice that wait, and so on up to
+// settleMax (with 25 ms: 25, 75, 175, 375, 775, 1,575 ms after the move). Then it claims once more when every
+// transaction that was running at the move has ended (the snapshot's xmin has passed the xmax read with the
+// move), checking every settleMax; so work is found whatever the time its transaction takes to commit. A
+// transaction running longer than the poll interval is left to the poll.
 const settleMax = time.Second
 
 // probeState is the Poller's view of the wake-up counter. Only the Run goroutine uses it.
@@ -54,11 +55,13 @@ type probeState struct {
 	count     int64
 	recheckAt time.Time     // zero: no re-claim due
 	step      time.Duration // the wait before recheckAt
+	horizon   int64         // the snapshot's xmax at the last move: transactions below it may have moved it
+	movedAt   time.Time
 }
 
-// observe records a reading of the counter and says whether it moved since the last one. A move (re)starts
-// the re-claims.
-func (s *probeState) observe(count int64, now time.Time, interval time.Duration) bool {
+// observe records a reading of the counter (with the snapshot's xmax read with it) and says whether it moved
+// since the last one. A move (re)starts the re-claims.
+func (s *probeState) observe(count, xmax int64, now time.Time, interval time.Duration) bool {
 	if !s.known {
 		s.known, s.count = true, count
 		return false
@@ -69,20 +72,24 @@ func (s *probeState) observe(count int64, now time.Time, interval time.Duration)
 	s.count = count
 	s.step = interval
 	s.recheckAt = now.Add(interval)
+	s.horizon = max(s.horizon, xmax)
+	s.movedAt = now
 	return true
 }
 
-// recheckDue says whether a re-claim is due at now, and schedules the next one.
-func (s *probeState) recheckDue(now time.Time) bool {
+// recheckDue says whether a re-claim is due at now, given the oldest running transaction (xmin), and schedules
+// the next one.
+func (s *probeState) recheckDue(now time.Time, xmin int64, giveUp time.Duration) bool {
 	if s.recheckAt.IsZero() || now.Before(s.recheckAt) {
 		return false
 	}
-	s.step *= 2
-	if s.step > settleMax {
-		s.recheckAt = time.Time{}
-	} else {
-		s.recheckAt = now.Add(s.step)
+	if s.step >= settleMax && (xmin >= s.horizon || now.Sub(s.movedAt) > giveUp) {
+		// Every transaction that could have moved the counter has ended: this claim sees all their rows.
+		s.recheckAt, s.horizon = time.Time{}, 0
+		return true
 	}
+	s.step = min(s.step*2, settleMax)
+	s.recheckAt = now.Add(s.step)
 	return true
 }
 
@@ -135,15 +142,15 @@ func (p *Poller) wait(ctx context.Context, due *time.Timer, tick *time.Ticker, p
 		case <-p.Dispatcher.Freed():
 			return "capacity freed"
 		case now := <-probe:
-			count, err := store.WakeCount(ctx, p.DB)
+			r, err := store.ReadWakeProbe(ctx, p.DB)
 			if err != nil {
 				p.logError(ctx, "dispatch: probe the wake-up counter", err)
 				continue
 			}
-			if p.probe.observe(count, now, p.ProbeInterval) {
+			if p.probe.observe(r.Count, r.XMax, now, p.ProbeInterval) {
 				return "wake-up counter"
 			}
-			if p.probe.recheckDue(now) {
+			if p.probe.recheckDue(now, r.XMin, p.PollInterval) {
 				return "wake-up counter, again"
 			}
 		}
@@ -173,7 +180,7 @@ func (p *Poller) claimAll(ctx context.Context, timer *time.Timer, dueTimer bool)
 					break
 				}
 				wait, armed = p.setTimer(timer, due), true
-				p.probe.observe(due.Wakeups, time.Now(), p.ProbeInterval)
+				p.probe.observe(due.Wakeups, due.XMax, time.Now(), p.ProbeInterval)
 			}
 			break
 		}
@@ -188,7 +195,7 @@ func (p *Poller) claimAll(ctx context.Context, timer *time.Timer, dueTimer bool)
 		}
 		if !armed {
 			wait, armed = p.setTimer(timer, due), true
-			p.probe.observe(due.Wakeups, time.Now(), p.ProbeInterval)
+			p.probe.observe(due.Wakeups, due.XMax, time.Now(), p.ProbeInterval)
 		}
 		if n < limit {
 			break
@@ -207,7 +214,7 @@ func (p *Poller) armTimer(ctx context.Context, t *time.Timer) time.Duration {
 	if err != nil {
 		p.logError(ctx, "dispatch: next claim time", err)
 	} else {
-		p.probe.observe(due.Wakeups, time.Now(), p.ProbeInterval)
+		p.probe.observe(due.Wakeups, due.XMax, time.Now(), p.ProbeInterval)
 	}
 	return p.setTimer(t, due)
 }

@@ -143,7 +143,7 @@ func claimWithNextDue[T any](ctx context.Context, db BatchSender, capHint int, s
 	b := &pgx.Batch{}
 	b.Queue(nextDueSQL).QueryRow(func(r pgx.Row) error {
 		var at pgtype.Timestamptz
-		err := r.Scan(&at, &due.DBNow, &due.Wakeups)
+		err := r.Scan(&at, &due.DBNow, &due.Wakeups, &due.XMax)
 		due.At = finiteTime(at)
 		return err
 	})
@@ -268,10 +268,14 @@ type NextDue struct {
 	// Wakeups is the wake-up counter (wake_count) read before the claim: a later probe that reads another value
 	// knows that something may have become claimable since.
 	Wakeups int64
+	// XMax is the transaction horizon read with Wakeups (xmax of a snapshot: every transaction that could have
+	// advanced the counter so far has an id below it).
+	XMax int64
 }
 
-// nextDueSQL reads next_claim_at, the clock and the wake-up counter in one statement.
-const nextDueSQL = `SELECT stepready.next_claim_at(), now(), stepready.wake_count()`
+// nextDueSQL reads next_claim_at, the clock, the wake-up counter and the transaction horizon in one statement.
+const nextDueSQL = `SELECT stepready.next_claim_at(), now(), stepready.wake_count(),
+	pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint`
 
 const claimAndStartSQL = `SELECT step_id, task_id, name, handler, input, attempt, attempt_number, timeout_ms, queue,
 	iteration, context, rules, deps, element, element_index FROM stepready.claim_and_start_steps($1, $2, $3)`
@@ -586,21 +590,33 @@ func ReapExpiredLeases(ctx context.Context, db DBTX, limit int) (int, error) {
 func ReadNextDue(ctx context.Context, db DBTX) (NextDue, error) {
 	var due NextDue
 	var at pgtype.Timestamptz
-	if err := db.QueryRow(ctx, nextDueSQL).Scan(&at, &due.DBNow, &due.Wakeups); err != nil {
+	if err := db.QueryRow(ctx, nextDueSQL).Scan(&at, &due.DBNow, &due.Wakeups, &due.XMax); err != nil {
 		return NextDue{}, fmt.Errorf("store: next claim time: %w", err)
 	}
 	due.At = finiteTime(at)
 	return due, nil
 }
 
-// WakeCount reads the wake-up counter (wake_count, sql/045_notify.sql): it moves whenever a transaction makes a
-// step claimable now. One read of a sequence's page: cheap enough to probe every few tens of milliseconds.
-func WakeCount(ctx context.Context, db DBTX) (int64, error) {
-	var n int64
-	if err := db.QueryRow(ctx, `SELECT stepready.wake_count()`).Scan(&n); err != nil {
-		return 0, fmt.Errorf("store: wake count: %w", err)
+// WakeProbe is one reading of the wake-up counter with the transaction horizon.
+type WakeProbe struct {
+	// Count is wake_count (sql/045_notify.sql): it moves whenever a transaction makes a step claimable now,
+	// before that transaction commits.
+	Count int64
+	// XMin is the oldest transaction still running (xmin of a snapshot), XMax the first not yet started: once
+	// XMin reaches the XMax read when the counter moved, every transaction that moved it has ended.
+	XMin, XMax int64
+}
+
+// ReadWakeProbe reads the wake-up counter and the transaction horizon: one read of a sequence's page and a
+// snapshot, cheap enough to probe every few tens of milliseconds.
+func ReadWakeProbe(ctx context.Context, db DBTX) (WakeProbe, error) {
+	var p WakeProbe
+	if err := db.QueryRow(ctx, `SELECT stepready.wake_count(), pg_catalog.pg_snapshot_xmin(s)::text::bigint,
+		pg_catalog.pg_snapshot_xmax(s)::text::bigint FROM pg_catalog.pg_current_snapshot() AS s`).Scan(
+		&p.Count, &p.XMin, &p.XMax); err != nil {
+		return WakeProbe{}, fmt.Errorf("store: wake probe: %w", err)
 	}
-	return n, nil
+	return p, nil
 }
 
 // WakeDaemons calls wake_daemons (sql/045_notify.sql): a NOTIFY on stepready_ready in a transaction of its own

@@ -44,7 +44,7 @@ LEASE_MIN = 0.3
 REAP_INTERVAL_DEFAULT = 10.0
 POLL_INTERVAL_DEFAULT = 5.0
 PROBE_INTERVAL_DEFAULT = 0.025   # how often the wake-up counter is read (the Go daemon's ProbeIntervalDefault)
-SETTLE_MAX = 1.0                 # re-claims after a move of the counter, doubling, up to this long after it
+SETTLE_MAX = 1.0                 # re-claims after a move of the counter: the wait doubles up to this
 SHUTDOWN_GRACE_DEFAULT = 10.0
 DEFAULT_TIMEOUT = 300.0          # a step without timeout_ms
 ABANDON_GRACE_DEFAULT = 5.0      # how long a handler may run on after it was asked to stop
@@ -655,8 +655,8 @@ class Worker:
     def _listen(self) -> None:
         """On a connection of its own: LISTENs on stepready_ready (unless poll-only) and wakes the coordinator at
         every notification, and reads the wake-up counter (``stepready.wake_count()``) every probe interval,
-        waking the coordinator when it moved and again at doubling intervals up to SETTLE_MAX after (a
-        transaction advances the counter before it commits). Writing transactions send no NOTIFY since schema
+        waking the coordinator when it moved, again at doubling intervals up to SETTLE_MAX, then once every
+        transaction running at the move has ended (a transaction advances the counter before it commits). Writing transactions send no NOTIFY since schema
         version 21, so the probe is how work created by plain SQL or readied by another process starts promptly.
         Reconnects with backoff, waking the coordinator once after each (re)connect since notifications sent
         meanwhile are lost."""
@@ -673,6 +673,8 @@ class Worker:
                 count: Optional[int] = None
                 recheck_at: Optional[float] = None
                 step = 0.0
+                horizon = 0
+                moved_at = 0.0
                 next_probe = time.monotonic()
                 while not self._stop.is_set():
                     timeout = max(0.0, next_probe - time.monotonic()) if probing else 0.5
@@ -693,18 +695,28 @@ class Worker:
                     now = time.monotonic()
                     next_probe = now + self.probe_interval
                     try:
-                        n = conn.execute("SELECT stepready.wake_count()").fetchone()[0]
+                        n, xmin, xmax = conn.execute(
+                            "SELECT stepready.wake_count(), pg_snapshot_xmin(s)::text::bigint,"
+                            " pg_snapshot_xmax(s)::text::bigint FROM pg_current_snapshot() AS s").fetchone()
                     except psycopg.errors.UndefinedFunction:
                         log.info("worker: the database has no wake-up counter (schema before version 21): not probing")
                         probing = False
                         continue
                     if count is not None and n != count:
+                        # Claim now, again at doubling intervals up to SETTLE_MAX, then once more when every
+                        # transaction running at the move (ids below xmax) has ended: the counter moves before
+                        # the transaction that moved it commits.
                         step = self.probe_interval
                         recheck_at = now + step
+                        horizon = max(horizon, xmax)
+                        moved_at = now
                         self._poke()
                     elif recheck_at is not None and now >= recheck_at:
-                        step *= 2
-                        recheck_at = now + step if step <= SETTLE_MAX else None
+                        if step >= SETTLE_MAX and (xmin >= horizon or now - moved_at > self.poll_interval):
+                            recheck_at, horizon = None, 0
+                        else:
+                            step = min(step * 2, SETTLE_MAX)
+                            recheck_at = now + step
                         self._poke()
                     count = n
             except (psycopg.Error, OSError, ValueError) as e:
