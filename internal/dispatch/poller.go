@@ -3,6 +3,7 @@ package dispatch
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/stepready/stepready/internal/store"
@@ -38,6 +39,8 @@ type Poller struct {
 
 	// The wake-up counter as last read (by a probe or with a claim), and the re-claims that follow a move.
 	probe probeState
+	// dueAt is when the due timer is set to fire; zero once its firing was taken (Run goroutine only).
+	dueAt time.Time
 }
 
 // settleMax bounds the wait between the re-claims that follow a move of the wake-up counter. A transaction
@@ -116,7 +119,7 @@ func (p *Poller) Run(ctx context.Context) error {
 		// the timer query is followed by a freed-capacity signal (this process) or its own daemon's wake-up.
 		// The dispatchers read next_claim_at in the claim's own transaction, before the claim, so arming costs
 		// no round trip of its own when there is capacity to claim.
-		wait := p.claimAll(ctx, due, why == "due timer")
+		wait := p.claimAll(ctx, due, why == "due timer", strings.HasPrefix(why, "wake-up counter"))
 		p.Logger.Debug("dispatch: waiting", slog.Duration("next_due_in", wait))
 		why = p.wait(ctx, due, tick, probe)
 		if why == "" {
@@ -136,6 +139,7 @@ func (p *Poller) wait(ctx context.Context, due *time.Timer, tick *time.Ticker, p
 		case <-p.Wake:
 			return "notification"
 		case <-due.C:
+			p.dueAt = time.Time{}
 			return "due timer"
 		case <-tick.C:
 			return "poll interval"
@@ -160,10 +164,11 @@ func (p *Poller) wait(ctx context.Context, due *time.Timer, tick *time.Ticker, p
 // claimAll claims batches while there is capacity and the last batch came back full, and arms the timer: from
 // the first claim (which reads next_claim_at before claiming), or on its own when nothing was claimed.
 //
-// dueTimer says the due timer woke the poller. With no free capacity it then still runs a claim of zero steps:
+// dueTimer says the due timer woke the poller, wakeUp the wake-up counter. With no free capacity either one still
+// runs a claim of zero steps:
 // the claim's prologue ends the durable sleeps and signal timeouts that are due (sql/059_signals.sql), so a wait
 // ends on time while every worker slot of this daemon is busy, and the dependents go to whichever daemon has room.
-func (p *Poller) claimAll(ctx context.Context, timer *time.Timer, dueTimer bool) time.Duration {
+func (p *Poller) claimAll(ctx context.Context, timer *time.Timer, dueTimer, wakeUp bool) time.Duration {
 	armed := false
 	var wait time.Duration
 	for ctx.Err() == nil {
@@ -173,7 +178,10 @@ func (p *Poller) claimAll(ctx context.Context, timer *time.Timer, dueTimer bool)
 			break
 		}
 		if free == 0 {
-			if dueTimer && !armed {
+			// Woken by the due timer, or by the wake-up counter (which may announce a wait whose end is near or,
+			// the creating transaction having committed late, already past: next_claim_at then no longer reports
+			// it, so arming the timer alone would leave it to the poll interval).
+			if (dueTimer || wakeUp) && !armed {
 				_, due, err := p.Dispatcher.Dispatch(ctx, 0)
 				if err != nil {
 					p.logError(ctx, "dispatch: claim", err)
@@ -219,12 +227,22 @@ func (p *Poller) armTimer(ctx context.Context, t *time.Timer) time.Duration {
 	return p.setTimer(t, due)
 }
 
-// setTimer sets the timer to due (the poll interval when nothing is due), capped by the poll interval.
+// setTimer sets the timer to due (the poll interval when nothing is due), capped by the poll interval, unless it
+// is set to fire earlier: an earlier time is kept, even one that has passed without its firing being taken. A
+// re-arm must not push a due time back: next_claim_at reports only what is due after now, so a sleep whose end
+// passed (its wait still to be ended by a claim's prologue) is no longer in it, and a re-arm just after the end
+// (a re-claim after a move of the wake-up counter, with no capacity to claim) lost the timer's firing for the
+// poll interval (TestSleepEndsWhileEveryWorkerSlotIsBusy, about one run in three at load 20).
 func (p *Poller) setTimer(t *time.Timer, due store.NextDue) time.Duration {
 	wait := p.PollInterval
 	if due.At != nil {
 		wait = min(max(due.At.Sub(due.DBNow), 0), p.PollInterval)
 	}
+	now := time.Now()
+	if !p.dueAt.IsZero() && p.dueAt.Before(now.Add(wait)) {
+		wait = max(p.dueAt.Sub(now), 0)
+	}
+	p.dueAt = now.Add(wait)
 	if !t.Stop() {
 		select {
 		case <-t.C:
