@@ -20,7 +20,7 @@ DATABASE_URL ?=
 PYTHON ?= $(shell for p in $${STEPREADY_PYTHON:-/usr/bin/python3 python3}; do \
 	"$$p" -c 'import psycopg, pytest' >/dev/null 2>&1 && { command -v "$$p"; break; }; done)
 
-.PHONY: help build install run test test-race lint verify bench bench-quick migrate db-reset screenshots conformance python-check
+.PHONY: help build install run test test-race lint verify bench bench-quick bench-peers migrate db-reset screenshots conformance python-check
 
 help: ## Show this list of targets
 	@echo "Usage: make TARGET"
@@ -63,16 +63,20 @@ lint: ## Check formatting (gofmt), then go vet and staticcheck
 	if [ -n "$$unformatted" ]; then echo "gofmt -l: these files need gofmt -w:"; echo "$$unformatted"; exit 1; fi
 	$(GO) vet ./...
 	$(GO) tool staticcheck ./...
+	cd bench/peers && $(GO) vet ./...
 
 verify: ## Check that go.mod and go.sum are tidy, then lint
 	$(GO) mod tidy -diff
 	$(MAKE) --no-print-directory lint
 
-bench: ## Run every benchmark scenario at full size on a throwaway PostgreSQL; prints the table, writes bench.json
+bench: ## Every benchmark scenario at full size, durable profile then fast, on throwaway PostgreSQL; writes bench.json
 	$(GO) run ./cmd/bench -size full -json bench.json
 
-bench-quick: ## The same scenarios, small (under a few minutes); prints the table, writes bench.json
+bench-quick: ## The same scenarios, small; durable profile then fast; prints the table, writes bench.json
 	$(GO) run ./cmd/bench -size quick -json bench.json
+
+bench-peers: ## stepready beside DBOS Transact for Go (bench/peers, its own module), durable profile; writes bench-peers.json
+	cd bench/peers && $(GO) run . -size full -json $(CURDIR)/bench-peers.json
 
 migrate: build ## Migrate the database at DATABASE_URL to the newest schema (scheduler migrate up)
 	$(BIN) migrate up --database-url "$(DATABASE_URL)"

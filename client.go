@@ -50,6 +50,8 @@ const (
 	ReapIntervalDefault = 10 * time.Second
 	// PollIntervalDefault is the fallback poll for ready steps.
 	PollIntervalDefault = 5 * time.Second
+	// ProbeIntervalDefault is how often an idle claimer reads the wake-up counter (Config.ProbeInterval).
+	ProbeIntervalDefault = 25 * time.Millisecond
 	// ShutdownGraceDefault is how long Stop lets running attempts finish.
 	ShutdownGraceDefault = 10 * time.Second
 	// RetentionCompleteDefault is how long complete tasks are kept after they finished (SPEC §13): a week.
@@ -96,6 +98,13 @@ type Config struct {
 	ReapInterval time.Duration
 	// PollInterval is the fallback poll when no notification or timer wakes the claimer (default 5 s).
 	PollInterval time.Duration
+	// ProbeInterval is how often the claimer reads the wake-up counter while it waits (default
+	// ProbeIntervalDefault, 25 ms; Off: never). Writing transactions send no NOTIFY (it would make their commits
+	// wait for each other, docs/design-core.md "Wake-ups"): they advance a counter, and a claimer that sees it
+	// move claims. So a task created by plain SQL, or a step readied by another process's completion, starts
+	// within about this interval when no notification announces it. Each probe reads one page of the database;
+	// it also works in PollOnly mode.
+	ProbeInterval time.Duration
 	// ShutdownGrace is how long Stop lets running attempts finish before cancelling and releasing them
 	// (default 10 s; Off: no grace, they are cancelled at once).
 	ShutdownGrace time.Duration
@@ -148,6 +157,7 @@ func (c Config) withDefaults() Config {
 	c.Lease = cmp.Or(c.Lease, LeaseDefault)
 	c.ReapInterval = cmp.Or(c.ReapInterval, ReapIntervalDefault)
 	c.PollInterval = cmp.Or(c.PollInterval, PollIntervalDefault)
+	c.ProbeInterval = cmp.Or(c.ProbeInterval, ProbeIntervalDefault)
 	c.ShutdownGrace = cmp.Or(c.ShutdownGrace, ShutdownGraceDefault)
 	c.DefaultTimeout = cmp.Or(c.DefaultTimeout, steps.DefaultTimeout)
 	c.RetentionComplete = cmp.Or(c.RetentionComplete, RetentionCompleteDefault)
@@ -224,6 +234,7 @@ func (c Config) validate() error {
 		off  string
 	}{
 		{"PruneInterval", c.PruneInterval, "Off"}, {"ScheduleInterval", c.ScheduleInterval, "Off"},
+		{"ProbeInterval", c.ProbeInterval, "Off"},
 		{"BacklogInterval", c.BacklogInterval, "Off"},
 		{"RetentionComplete", c.RetentionComplete, "KeepForever"}, {"RetentionFailed", c.RetentionFailed, "KeepForever"},
 	} {

@@ -147,18 +147,24 @@ func ResolveStep(ctx context.Context, db Beginner, id int64, output json.RawMess
 	})
 }
 
-// operatorTx runs f in a transaction of db that names the actor.
+// operatorTx runs f in a transaction of db that names the actor. Once it committed (db not a transaction of
+// the caller's), the daemons are woken: resume, reset, retry and resolve may ready steps (cancel and pause
+// wake them for nothing, which costs them a claim).
 func operatorTx(ctx context.Context, db Beginner, opts OperatorOptions, f func(tx pgx.Tx) error) error {
 	actor := opts.Actor
 	if actor == "" {
 		actor = ActorDefault
 	}
-	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		if err := store.NameActor(ctx, tx, actor); err != nil {
 			return err
 		}
 		return f(tx)
 	})
+	if err == nil {
+		wakeAfter(ctx, db, 0)
+	}
+	return err
 }
 
 func taskAction(ctx context.Context, db Beginner, id int64, action string, opts OperatorOptions,

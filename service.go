@@ -139,7 +139,8 @@ func (c *Client) Start(ctx context.Context) error {
 		l := &dispatch.Listener{ConnConfig: pool.Config().ConnConfig.Copy(), Wake: wake, Logger: log}
 		run("listener", l.Run)
 	}
-	p := &dispatch.Poller{DB: pool, Dispatcher: disp, Wake: wake, PollInterval: cfg.PollInterval, Logger: log}
+	p := &dispatch.Poller{DB: pool, Dispatcher: disp, Wake: wake, PollInterval: cfg.PollInterval, Logger: log,
+		ProbeInterval: cfg.ProbeInterval} // Off (-1): no probing
 	if cfg.Dispatch == DispatchDirect {
 		// Two batches in flight: one is claimed while the other runs and is recorded.
 		p.ClaimMax = max((cfg.Concurrency+1)/2, 1)

@@ -6,8 +6,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/jackc/pgx/v5"
-
 	"github.com/stepready/stepready/internal/store"
 )
 
@@ -41,8 +39,8 @@ type SignalOptions struct {
 // (no such task), ErrSignalRefused (nobody would read it), ErrInvalidSignal (bad arguments).
 func SendSignal(ctx context.Context, db Beginner, taskID int64, name string, payload json.RawMessage,
 	opts SignalOptions) (int64, error) {
-	return sendSignal(ctx, db, name, payload, opts, func(tx pgx.Tx, p json.RawMessage, key *string) (int64, error) {
-		return store.SendSignal(ctx, tx, taskID, name, p, key)
+	return sendSignal(ctx, db, name, payload, opts, taskID, func(actor string, p json.RawMessage, key *string) (int64, error) {
+		return store.SendSignal(ctx, db, actor, taskID, name, p, key)
 	})
 }
 
@@ -50,13 +48,16 @@ func SendSignal(ctx context.Context, db Beginner, taskID int64, name string, pay
 // when no task has it.
 func SendSignalToKey(ctx context.Context, db Beginner, taskKey, name string, payload json.RawMessage,
 	opts SignalOptions) (int64, error) {
-	return sendSignal(ctx, db, name, payload, opts, func(tx pgx.Tx, p json.RawMessage, key *string) (int64, error) {
-		return store.SendSignalToKey(ctx, tx, taskKey, name, p, key)
+	return sendSignal(ctx, db, name, payload, opts, 0, func(actor string, p json.RawMessage, key *string) (int64, error) {
+		return store.SendSignalToKey(ctx, db, actor, taskKey, name, p, key)
 	})
 }
 
+// sendSignal sends with one statement (the actor named in it): on a pool or a connection it is the whole
+// transaction, one round trip, after which the daemons are woken (wakeAfter); in the caller's transaction it is
+// part of it (the actor then stays named until that transaction ends, as an operator action's does).
 func sendSignal(ctx context.Context, db Beginner, name string, payload json.RawMessage, opts SignalOptions,
-	call func(pgx.Tx, json.RawMessage, *string) (int64, error)) (int64, error) {
+	taskID int64, call func(actor string, payload json.RawMessage, key *string) (int64, error)) (int64, error) {
 	if len(payload) == 0 {
 		payload = json.RawMessage(`{}`)
 	}
@@ -67,15 +68,15 @@ func sendSignal(ctx context.Context, db Beginner, name string, payload json.RawM
 	if opts.IdempotencyKey != "" {
 		key = &opts.IdempotencyKey
 	}
-	var id int64
-	err := operatorTx(ctx, db, OperatorOptions{Actor: opts.Actor}, func(tx pgx.Tx) error {
-		var err error
-		id, err = call(tx, payload, key)
-		return err
-	})
+	actor := opts.Actor
+	if actor == "" {
+		actor = ActorDefault
+	}
+	id, err := call(actor, payload, key)
 	if err != nil {
 		return 0, signalError(err)
 	}
+	wakeAfter(ctx, db, taskID)
 	return id, nil
 }
 

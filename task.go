@@ -33,6 +33,7 @@ func CreateTask(ctx context.Context, db DBTX, definition json.RawMessage) (int64
 	if err := db.QueryRow(ctx, `SELECT stepready.create_task($1)`, definition).Scan(&id); err != nil {
 		return 0, createError(err)
 	}
+	wakeAfter(ctx, db, id)
 	return id, nil
 }
 
@@ -69,6 +70,10 @@ var (
 // own: when one fails, the batches before it stay created, and CreateTasks returns their results with the error
 // (nothing of the failing batch or after it is written); creating the same input again with idempotency keys
 // resumes where it stopped.
+//
+// Given a pool or a connection, CreateTask and CreateTasks wake the daemons once their work is committed (Wake);
+// given a transaction they cannot, and the daemons find the tasks through their probe of the wake-up counter
+// after your commit, or at once if you call Wake then.
 func CreateTasks(ctx context.Context, db DBTX, definitions []json.RawMessage) ([]Created, error) {
 	if len(definitions) == 0 {
 		return []Created{}, nil
@@ -100,11 +105,15 @@ func CreateTasks(ctx context.Context, db DBTX, definitions []json.RawMessage) ([
 		batch = append(batch, ']')
 		created, err := createBatch(ctx, db, batch, end-start)
 		if err != nil {
+			if len(out) > 0 {
+				wakeAfter(ctx, db, out[0].TaskID)
+			}
 			return out, createError(renumber(err, start))
 		}
 		out = append(out, created...)
 		start = end
 	}
+	wakeAfter(ctx, db, out[0].TaskID)
 	return out, nil
 }
 

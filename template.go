@@ -95,9 +95,15 @@ func CreateTasksFromTemplate(ctx context.Context, db DBTX, template string, task
 		}
 		created, err := templateBatch(ctx, db, template, doc, keys, runAt, delay)
 		if err != nil {
+			if len(out) > 0 {
+				wakeAfter(ctx, db, out[0].TaskID)
+			}
 			return out, templateError(renumber(err, start))
 		}
 		out = append(out, created...)
+	}
+	if len(out) > 0 {
+		wakeAfter(ctx, db, out[0].TaskID)
 	}
 	return out, nil
 }

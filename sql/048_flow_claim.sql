@@ -479,8 +479,9 @@ BEGIN
             OR f.rate_limit IS DISTINCT FROM u.rate_limit OR f.rate_period_ms IS DISTINCT FROM u.rate_period_ms);
 
     IF v_skipped AND v_want > 0 THEN
-        -- Steps of keys held by another claim were passed over: wake the daemons once this claim commits.
-        PERFORM pg_notify('stepready_ready', '0');
+        -- Steps of keys held by another claim were passed over: the daemons' next probe claims them (no NOTIFY
+        -- in a claim: it would serialise the claims' commits, sql/045_notify.sql).
+        PERFORM stepready._notify_ready(NULL);
     END IF;
     p_cursor := COALESCE(v_last, p_cursor);
 END;

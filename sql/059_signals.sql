@@ -193,7 +193,8 @@ BEGIN
           -- The subquery's filter on the outer row skips the resolution for every wait but an `until` reference.
           LEFT JOIN LATERAL (SELECT x.value, x.problem
                                FROM stepready._resolve_value(s.wait -> 'until',
-                                        jsonb_build_object('deps', stepready._step_deps(s.id),
+                                        jsonb_build_object('deps', CASE WHEN s.wait ? 'until' AND strpos(s.wait ->> 'until', '${') > 0
+                                                                        THEN stepready._step_deps(s.id) END,
                                             'context', (SELECT t.context FROM stepready.tasks t WHERE t.id = s.task_id),
                                             'task', jsonb_build_object('id', s.task_id))) x
                               WHERE s.wait ? 'until' AND strpos(s.wait ->> 'until', '${') > 0) r ON true

@@ -1,6 +1,8 @@
-// Command bench runs stepready's benchmarks on a throwaway local PostgreSQL and prints one table (scenario,
-// figure, baseline, ratio, target, met) plus bench.json. Every figure is compared with a baseline measured in
-// the same run. `make bench` runs the full size, `make bench-quick` the small one.
+// Command bench runs stepready's benchmarks on throwaway local PostgreSQL clusters and prints one table (profile,
+// scenario, figure, baseline, ratio, target, met) plus bench.json. Every figure is compared with a baseline
+// measured in the same run on the same cluster. Each profile gets a cluster of its own: durable (the server's
+// defaults, reported first) then fast (crash safety off). `make bench` runs the full size, `make bench-quick` the
+// small one.
 package main
 
 import (
@@ -28,9 +30,14 @@ func main() {
 	flag.BoolVar(&opts.PollOnly, "poll-only", false, "stepready clients poll only (no LISTEN); scenario 3 polls every 100 ms")
 	flag.BoolVar(&opts.PgBouncer, "pgbouncer", false, "connect through a PgBouncer in transaction pooling mode "+
 		"(needs pgbouncer installed; implies -poll-only)")
-	flag.BoolVar(&opts.ServerDefaults, "server-defaults", false, "start the cluster with the server's own defaults "+
-		"(crash safety, JIT, autovacuum) instead of the fast test settings")
+	profiles := flag.String("profile", strings.Join(bench.Profiles, ","), "comma-separated profiles to measure, in "+
+		"order, each on a cluster of its own: durable (the server's defaults: fsync, synchronous_commit, "+
+		"full_page_writes, JIT, autovacuum) and fast (crash safety off, as in the tests)")
+	serverDefaults := flag.Bool("server-defaults", false, "the durable profile only (same as -profile durable)")
 	flag.Parse()
+	if *serverDefaults {
+		*profiles = bench.ProfileDurable
+	}
 	var keep func(string) bool
 	if *only != "" {
 		names := strings.Split(*only, ",")
@@ -56,7 +63,7 @@ func main() {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	rep, err := bench.RunSelected(ctx, size, logger, keep, opts)
+	rep, err := bench.RunProfiles(ctx, size, logger, keep, opts, strings.Split(*profiles, ","))
 	if rep != nil {
 		rep.Print(os.Stdout)
 		if *out != "" {

@@ -31,6 +31,7 @@ type daemonFlags struct {
 	lease         time.Duration
 	reapInterval  time.Duration
 	pollInterval  time.Duration
+	probeInterval time.Duration
 	shutdownGrace time.Duration
 	workerID      string
 	pollOnly      bool
@@ -66,6 +67,10 @@ func (d *daemonFlags) register(fs *pflag.FlagSet, dispatchDefault string) {
 		"how often the elected instance reaps expired leases; shorter than --lease; off: never on this instance")
 	fs.DurationVar(&d.pollInterval, "poll-interval", stepready.PollIntervalDefault,
 		"fallback poll for ready steps when no notification or retry timer wakes the claimer")
+	d.probeInterval = stepready.ProbeIntervalDefault
+	fs.Var(offDuration{&d.probeInterval, false}, "probe-interval",
+		"how often the idle claimer reads the wake-up counter, so that work readied without a notification (plain\n"+
+			"SQL, other processes' completions) starts within about this long; off: never")
 	fs.DurationVar(&d.shutdownGrace, "shutdown-grace", stepready.ShutdownGraceDefault,
 		"at SIGINT/SIGTERM, how long running attempts may finish before they are cancelled and handed back uncharged")
 	fs.StringVar(&d.workerID, "worker-id", "", "this process's name in leases and events")
@@ -147,7 +152,7 @@ func noGrace(d time.Duration) time.Duration {
 // configFlags names the flag of each Config field the daemon flags set, for Config.Validate's errors.
 var configFlags = map[string]string{
 	"Dispatch": "dispatch", "Concurrency": "concurrency", "Queues": "queues", "Lease": "lease", "ReapInterval": "reap-interval",
-	"PollInterval": "poll-interval", "ShutdownGrace": "shutdown-grace", "WorkerID": "worker-id",
+	"PollInterval": "poll-interval", "ProbeInterval": "probe-interval", "ShutdownGrace": "shutdown-grace", "WorkerID": "worker-id",
 	"RetentionComplete": "retention-complete", "RetentionFailed": "retention-failed",
 	"PruneInterval": "prune-interval", "ScheduleInterval": "schedule-interval", "BacklogInterval": "backlog-interval",
 }
@@ -170,7 +175,7 @@ func (d *daemonFlags) validate() error {
 		v    time.Duration
 	}{{"lease", d.lease}, {"reap-interval", d.reapInterval}, {"poll-interval", d.pollInterval},
 		{"prune-interval", d.pruneInterval}, {"schedule-interval", d.scheduleInterval},
-		{"backlog-interval", d.backlogInterval}} {
+		{"backlog-interval", d.backlogInterval}, {"probe-interval", d.probeInterval}} {
 		if f.v == 0 {
 			return usagef("--%s 0s: must be more than 0", f.flag)
 		}
@@ -217,6 +222,7 @@ func (d *daemonFlags) config(reg *steps.Registry, logger *slog.Logger, metrics p
 		Lease:             d.lease,
 		ReapInterval:      d.reapInterval,
 		PollInterval:      d.pollInterval,
+		ProbeInterval:     d.probeInterval,
 		ShutdownGrace:     noGrace(d.shutdownGrace),
 		WorkerID:          d.workerID,
 		PollOnly:          d.pollOnly,

@@ -64,6 +64,7 @@ func runDefaults() runParams {
 			lease:             stepready.LeaseDefault,
 			reapInterval:      stepready.ReapIntervalDefault,
 			pollInterval:      stepready.PollIntervalDefault,
+			probeInterval:     stepready.ProbeIntervalDefault,
 			shutdownGrace:     stepready.ShutdownGraceDefault,
 			retentionComplete: stepready.RetentionCompleteDefault,
 			retentionFailed:   stepready.RetentionFailedDefault,
@@ -86,6 +87,7 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		"STEPREADY_LEASE":              "45s",
 		"STEPREADY_REAP_INTERVAL":      "3s",
 		"STEPREADY_POLL_INTERVAL":      "250ms",
+		"STEPREADY_PROBE_INTERVAL":     "off",
 		"STEPREADY_SHUTDOWN_GRACE":     "0s",
 		"STEPREADY_WORKER_ID":          "worker-env",
 		"STEPREADY_METRICS_ADDR":       "127.0.0.1:9999",
@@ -110,7 +112,8 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		waitForDB:   waitBound{d: 90 * time.Second},
 		daemon: daemonFlags{dispatch: "direct", concurrency: 7, queues: []string{"media", "high-priority"},
 			lease: 45 * time.Second, reapInterval: 3 * time.Second,
-			pollInterval: 250 * time.Millisecond, shutdownGrace: 0, workerID: "worker-env", pollOnly: true,
+			pollInterval: 250 * time.Millisecond, probeInterval: stepready.Off, shutdownGrace: 0, workerID: "worker-env",
+			pollOnly:          true,
 			retentionComplete: 24 * time.Hour, retentionFailed: stepready.KeepForever, pruneInterval: 5 * time.Minute,
 			scheduleInterval: stepready.Off, backlogInterval: stepready.Off,
 			httpDenyPrivate: true, httpAllowHosts: []string{"api.internal", "10.0.0.0/8"}, maxOutputBytes: 2048},
@@ -130,7 +133,8 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 		{name: "flags beat the environment", env: everyVariable,
 			args: []string{"--database-url", "postgres://db", "--dispatch", "river", "--concurrency", "3",
 				"--queues", "default,emails",
-				"--lease", "1m", "--reap-interval", "20s", "--poll-interval", "2s", "--shutdown-grace", "4s",
+				"--lease", "1m", "--reap-interval", "20s", "--poll-interval", "2s", "--probe-interval", "40ms",
+				"--shutdown-grace", "4s",
 				"--worker-id", "worker-flag", "--metrics-addr", ":9090", "--poll-only=false", "--allow-exec=false",
 				"--log-format", "text", "--log-level", "warn", "--retention-complete", "1h", "--retention-failed", "2h",
 				"--prune-interval", "10s", "--http-deny-private=false", "--http-allow-hosts", "a.example",
@@ -141,8 +145,9 @@ func TestRunFlagsDefaultEnvAndPrecedence(t *testing.T) {
 				p.waitForDB = waitBound{}
 				p.daemon = daemonFlags{dispatch: "river", concurrency: 3, queues: []string{"default", "emails"},
 					lease:        time.Minute,
-					reapInterval: 20 * time.Second, pollInterval: 2 * time.Second, shutdownGrace: 4 * time.Second,
-					workerID: "worker-flag", retentionComplete: time.Hour, retentionFailed: 2 * time.Hour,
+					reapInterval: 20 * time.Second, pollInterval: 2 * time.Second, probeInterval: 40 * time.Millisecond,
+					shutdownGrace: 4 * time.Second,
+					workerID:      "worker-flag", retentionComplete: time.Hour, retentionFailed: 2 * time.Hour,
 					pruneInterval: 10 * time.Second, scheduleInterval: 2 * time.Second, backlogInterval: 30 * time.Second,
 					httpAllowHosts: []string{"a.example"}, maxOutputBytes: 4096}
 			}, logLevel: "warn", logFormat: "text"},
@@ -235,7 +240,7 @@ func TestRunRejectsBadFlagsWithExitStatus2(t *testing.T) {
 // runFlags are exactly the flags of `scheduler run` (SPEC §11 and the issue's interface list; cobra adds --help
 // when the command runs).
 var runFlags = []string{"allow-exec", "concurrency", "database-url", "dispatch", "lease", "metrics-addr",
-	"poll-interval", "poll-only", "prune-interval", "reap-interval", "retention-complete", "retention-failed",
+	"poll-interval", "probe-interval", "poll-only", "prune-interval", "reap-interval", "retention-complete", "retention-failed",
 	"shutdown-grace", "worker-id", "http-deny-private", "http-allow-hosts", "max-output-bytes", "sql-database-url",
 	"ui-addr", "ui-allow-actions", "ui-token", "schedule-interval", "backlog-interval", "wait-for-db", "queues"}
 

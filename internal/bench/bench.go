@@ -50,6 +50,8 @@ type Size struct {
 	// compared; half as long again after CreationLoaded chains), and CreationBulkRun how long 7b runs each of
 	// its two series (in three interleaved parts).
 	CreationRun, CreationBulkRun time.Duration
+	// CreationFlatRun is how long scenario 7d creates tasks from 10 producers (issue 34: 10 minutes at full size).
+	CreationFlatRun time.Duration
 	// CreationLoaded is how many chains scenario 7 bulk-loads before it measures 7a and 7b again.
 	CreationLoaded int
 	// CreationFileChains is how many chains scenario 7c creates from a JSON-lines file (River inserts four
@@ -77,13 +79,14 @@ type Size struct {
 var Sizes = map[string]Size{
 	"quick": {Name: "quick", ClaimSmall: 10_000, ClaimLarge: 100_000, ClaimReady: 1_000, ReadinessTasks: 10_000,
 		Throughput: 5_000, LatencyTasks: 50, DAGTasks: 200, StormSteps: 300, MemorySteps: 2_000,
-		CreationRun: 30 * time.Second, CreationBulkRun: 6 * time.Second, CreationLoaded: 20_000,
+		CreationRun: 30 * time.Second, CreationBulkRun: 6 * time.Second, CreationLoaded: 20_000, CreationFlatRun: time.Minute,
 		CreationFileChains: 100_000, HistorySteps: 100_000,
 		SteadyRun: time.Minute, FlowClaimLarge: 100_000, PythonSteps: 5_000, MapElements: 10_000, MapFanOut: 100_000,
 		DataflowDiamonds: 1_000, SignalWaiting: 20_000},
 	"full": {Name: "full", ClaimSmall: 10_000, ClaimLarge: 1_000_000, ClaimReady: 1_000, ReadinessTasks: 100_000,
 		Throughput: 50_000, LatencyTasks: 200, DAGTasks: 2_000, StormSteps: 10_000, MemorySteps: 50_000,
 		CreationRun: 60 * time.Second, CreationBulkRun: 21 * time.Second, CreationLoaded: 100_000,
+		CreationFlatRun:    10 * time.Minute,
 		CreationFileChains: 1_000_000, HistorySteps: 1_000_000,
 		SteadyRun: 10 * time.Minute, FlowClaimLarge: 1_000_000, PythonSteps: 20_000, MapElements: 10_000,
 		MapFanOut: 100_000, DataflowDiamonds: 5_000, SignalWaiting: 100_000},
@@ -91,6 +94,8 @@ var Sizes = map[string]Size{
 
 // Row is one line of the report.
 type Row struct {
+	// Profile is the cluster's profile (ProfileDurable or ProfileFast); RunProfiles fills it.
+	Profile  string  `json:"profile"`
 	Scenario string  `json:"scenario"`
 	Figure   string  `json:"figure"`
 	Value    float64 `json:"value"`
@@ -108,7 +113,12 @@ type Report struct {
 	StartedAt time.Time `json:"started_at"`
 	Postgres  string    `json:"postgres"`
 	Options   Options   `json:"options"`
-	Rows      []Row     `json:"rows"`
+	// Profiles are the profiles measured, in the order of the rows.
+	Profiles []string `json:"profiles"`
+	// Load is the machine's 1-minute load average at the start of each profile (Linux; NaN elsewhere), so a
+	// reader can tell a busy machine's figures from a quiet one's.
+	Load map[string]float64 `json:"load_average,omitempty"`
+	Rows []Row              `json:"rows"`
 }
 
 // Options change how every scenario connects, to measure what a deployment choice costs. The zero value is the
@@ -125,16 +135,36 @@ type Options struct {
 	// pools then use store.PoolerQueryExecMode unless QueryExecMode is set. It implies PollOnly.
 	PgBouncer bool `json:"pgbouncer,omitempty"`
 	// ServerDefaults starts the cluster with pgcluster.DefaultSettings (the server's own defaults: crash safety,
-	// JIT, autovacuum) instead of pgcluster.FastSettings (crash safety off, as for the tests).
+	// JIT, autovacuum) instead of pgcluster.FastSettings (crash safety off, as for the tests): the durable
+	// profile. RunProfiles sets it per profile.
 	ServerDefaults bool `json:"server_defaults,omitempty"`
+}
+
+// The benchmark profiles: the settings of the throwaway cluster a run measures on.
+const (
+	// ProfileDurable is a stock server: fsync, synchronous_commit, full_page_writes, JIT and autovacuum on, as
+	// users run PostgreSQL. Reported first: it is what users get.
+	ProfileDurable = "durable"
+	// ProfileFast turns crash safety off (fsync, synchronous_commit, full_page_writes), as the tests do. Kept for
+	// comparison with the figures measured before the durable profile existed, and to show what is CPU rather
+	// than commit latency.
+	ProfileFast = "fast"
+)
+
+// Profiles are the profiles `make bench` runs, in the order it reports them.
+var Profiles = []string{ProfileDurable, ProfileFast}
+
+// profile names the profile of opts.
+func (o Options) profile() string {
+	if o.ServerDefaults {
+		return ProfileDurable
+	}
+	return ProfileFast
 }
 
 // label describes the options in a figure ("" for the default measurement).
 func (o Options) label() string {
 	var parts []string
-	if o.ServerDefaults {
-		parts = append(parts, "server defaults")
-	}
 	if o.PgBouncer {
 		parts = append(parts, "through PgBouncer")
 	}
@@ -254,7 +284,63 @@ func ScenarioNames() []string {
 	return names
 }
 
-// RunSelected runs the scenarios whose name keep accepts (nil: all) at size with opts and returns the report.
+// RunProfiles runs the scenarios whose name keep accepts (nil: all) at size with opts once per profile, each on
+// a throwaway cluster of its own, in the order given (ProfileDurable first in `make bench`), and returns one
+// report whose rows name their profile. Every ratio compares figures of one profile and one cluster.
+func RunProfiles(ctx context.Context, size Size, logger *slog.Logger, keep func(name string) bool, opts Options,
+	profiles []string) (*Report, error) {
+	var all *Report
+	for _, p := range profiles {
+		switch p {
+		case ProfileDurable:
+			opts.ServerDefaults = true
+		case ProfileFast:
+			opts.ServerDefaults = false
+		default:
+			return all, fmt.Errorf("bench: unknown profile %q (%s or %s)", p, ProfileDurable, ProfileFast)
+		}
+		load := loadAverage()
+		logger.Info("bench: profile", slog.String("profile", p), slog.Float64("load", load))
+		rep, err := RunSelected(ctx, size, logger, keep, opts)
+		all = mergeReport(all, p, load, rep)
+		if err != nil {
+			return all, err
+		}
+	}
+	return all, nil
+}
+
+// mergeReport adds the report of one profile (nil: none) to all (nil: the first), and returns all.
+func mergeReport(all *Report, profile string, load float64, rep *Report) *Report {
+	if rep == nil {
+		return all
+	}
+	if all == nil {
+		all = &Report{Size: rep.Size, StartedAt: rep.StartedAt, Postgres: rep.Postgres, Options: rep.Options,
+			Load: map[string]float64{}}
+		all.Options.ServerDefaults = false
+	}
+	all.Profiles = append(all.Profiles, profile)
+	all.Load[profile] = load
+	all.Rows = append(all.Rows, rep.Rows...)
+	return all
+}
+
+// loadAverage is the machine's 1-minute load average (NaN when /proc/loadavg cannot be read).
+func loadAverage() float64 {
+	b, err := os.ReadFile("/proc/loadavg")
+	if err != nil {
+		return math.NaN()
+	}
+	var l float64
+	if _, err := fmt.Sscan(string(b), &l); err != nil {
+		return math.NaN()
+	}
+	return l
+}
+
+// RunSelected runs the scenarios whose name keep accepts (nil: all) at size with opts on one cluster (the
+// profile opts.ServerDefaults chooses) and returns the report.
 func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(name string) bool, opts Options) (
 	*Report, error) {
 	opts.PollOnly = opts.PollOnly || opts.PgBouncer
@@ -279,7 +365,7 @@ func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(
 		defer func() { _ = b.Stop() }()
 		env.bouncer = b
 	}
-	rep := &Report{Size: size.Name, StartedAt: time.Now().UTC(), Options: opts}
+	rep := &Report{Size: size.Name, StartedAt: time.Now().UTC(), Options: opts, Profiles: []string{opts.profile()}}
 	pool, err := pgxpool.New(ctx, cl.URL)
 	if err == nil {
 		_ = pool.QueryRow(ctx, "SHOW server_version").Scan(&rep.Postgres)
@@ -291,8 +377,11 @@ func RunSelected(ctx context.Context, size Size, logger *slog.Logger, keep func(
 		}
 		logger.Info("bench: scenario", slog.String("name", sc.name))
 		rows, err := sc.run(ctx, env, size)
+		for i := range rows {
+			rows[i].Profile = opts.profile()
+		}
 		if err != nil {
-			return rep, fmt.Errorf("bench: %s: %w", sc.name, err)
+			return rep, fmt.Errorf("bench: %s (%s profile): %w", sc.name, opts.profile(), err)
 		}
 		rep.Rows = append(rep.Rows, rows...)
 	}
@@ -309,10 +398,12 @@ var scenarios = []scenario{
 	{"step_readiness", readinessLatency},
 	{"throughput", throughput},
 	{"latency", latency},
+	{"wake-ups", wakeups},
 	{"dag throughput", dagThroughput},
 	{"retry storm", retryStorm},
 	{"memory", memory},
 	{"creation", creation},
+	{"creation over time", creationFlat},
 	{"history", history},
 	{"steady state", steady},
 	{"flow control", flowControl},
@@ -325,7 +416,10 @@ var scenarios = []scenario{
 // Print writes the report as a table.
 func (r *Report) Print(w io.Writer) {
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "scenario\tfigure\tvalue\tbaseline\tratio\ttarget\tmet\n")
+	for _, p := range r.Profiles {
+		fmt.Fprintf(w, "profile %s: load average %.1f at its start\n", p, r.Load[p])
+	}
+	fmt.Fprintf(tw, "profile\tscenario\tfigure\tvalue\tbaseline\tratio\ttarget\tmet\n")
 	for _, row := range r.Rows {
 		met := "-"
 		if row.Met != nil {
@@ -336,7 +430,7 @@ func (r *Report) Print(w io.Writer) {
 			base = fmt.Sprintf("%s %.4g", row.Baseline, row.BaseVal)
 			ratio = fmt.Sprintf("%.2f", row.Ratio)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%.4g %s\t%s\t%s\t%s\t%s\n", row.Scenario, row.Figure, row.Value, row.Unit, base,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%.4g %s\t%s\t%s\t%s\t%s\n", row.Profile, row.Scenario, row.Figure, row.Value, row.Unit, base,
 			ratio, row.Target, met)
 	}
 	_ = tw.Flush()

@@ -99,3 +99,24 @@ func TestTailBuffer(t *testing.T) {
 	_, _ = b.Write([]byte(strings.Repeat("z", 20)))
 	require.Equal(t, strings.Repeat("z", 8), b.String())
 }
+
+// mergeReport keeps every profile's rows, in order, and lists each profile once. (The first version made the first
+// profile's report the merged one and emptied its rows before appending them: a run printed no row at all.)
+func TestMergeReportKeepsEveryProfilesRows(t *testing.T) {
+	t.Parallel()
+	durable := &Report{Size: "quick", Profiles: []string{ProfileDurable}, Options: Options{ServerDefaults: true},
+		Rows: []Row{{Profile: ProfileDurable, Scenario: "a"}, {Profile: ProfileDurable, Scenario: "b"}}}
+	fast := &Report{Size: "quick", Profiles: []string{ProfileFast}, Rows: []Row{{Profile: ProfileFast, Scenario: "a"}}}
+	all := mergeReport(nil, ProfileDurable, 3, durable)
+	all = mergeReport(all, ProfileFast, 4, fast)
+	all = mergeReport(all, "none", 5, nil)
+	require.Equal(t, []string{ProfileDurable, ProfileFast}, all.Profiles)
+	require.Equal(t, map[string]float64{ProfileDurable: 3, ProfileFast: 4}, all.Load)
+	var got []string
+	for _, r := range all.Rows {
+		got = append(got, r.Profile+"/"+r.Scenario)
+	}
+	require.Equal(t, []string{"durable/a", "durable/b", "fast/a"}, got)
+	require.False(t, all.Options.ServerDefaults)
+	require.Len(t, durable.Rows, 2, "the profile's own report is left as it was")
+}

@@ -141,9 +141,9 @@ func claimWithNextDue[T any](ctx context.Context, db BatchSender, capHint int, s
 	args ...any) ([]T, NextDue, error) {
 	var due NextDue
 	b := &pgx.Batch{}
-	b.Queue(`SELECT stepready.next_claim_at(), now()`).QueryRow(func(r pgx.Row) error {
+	b.Queue(nextDueSQL).QueryRow(func(r pgx.Row) error {
 		var at pgtype.Timestamptz
-		err := r.Scan(&at, &due.DBNow)
+		err := r.Scan(&at, &due.DBNow, &due.Wakeups, &due.XMax)
 		due.At = finiteTime(at)
 		return err
 	})
@@ -265,7 +265,17 @@ type BatchSender interface {
 type NextDue struct {
 	At    *time.Time
 	DBNow time.Time
+	// Wakeups is the wake-up counter (wake_count) read before the claim: a later probe that reads another value
+	// knows that something may have become claimable since.
+	Wakeups int64
+	// XMax is the transaction horizon read with Wakeups (xmax of a snapshot: every transaction that could have
+	// advanced the counter so far has an id below it).
+	XMax int64
 }
+
+// nextDueSQL reads next_claim_at, the clock, the wake-up counter and the transaction horizon in one statement.
+const nextDueSQL = `SELECT stepready.next_claim_at(), now(), stepready.wake_count(),
+	pg_catalog.pg_snapshot_xmax(pg_catalog.pg_current_snapshot())::text::bigint`
 
 const claimAndStartSQL = `SELECT step_id, task_id, name, handler, input, attempt, attempt_number, timeout_ms, queue,
 	iteration, context, rules, deps, element, element_index FROM stepready.claim_and_start_steps($1, $2, $3)`
@@ -573,6 +583,50 @@ func ReapExpiredLeases(ctx context.Context, db DBTX, limit int) (int, error) {
 		return 0, fmt.Errorf("store: reap expired leases: %w", err)
 	}
 	return n, nil
+}
+
+// ReadNextDue reads what claimWithNextDue reads before a claim, without claiming: for a poller with no capacity to
+// claim.
+func ReadNextDue(ctx context.Context, db DBTX) (NextDue, error) {
+	var due NextDue
+	var at pgtype.Timestamptz
+	if err := db.QueryRow(ctx, nextDueSQL).Scan(&at, &due.DBNow, &due.Wakeups, &due.XMax); err != nil {
+		return NextDue{}, fmt.Errorf("store: next claim time: %w", err)
+	}
+	due.At = finiteTime(at)
+	return due, nil
+}
+
+// WakeProbe is one reading of the wake-up counter with the transaction horizon.
+type WakeProbe struct {
+	// Count is wake_count (sql/045_notify.sql): it moves whenever a transaction makes a step claimable now,
+	// before that transaction commits.
+	Count int64
+	// XMin is the oldest transaction still running (xmin of a snapshot), XMax the first not yet started: once
+	// XMin reaches the XMax read when the counter moved, every transaction that moved it has ended.
+	XMin, XMax int64
+}
+
+// ReadWakeProbe reads the wake-up counter and the transaction horizon: one read of a sequence's page and a
+// snapshot, cheap enough to probe every few tens of milliseconds.
+func ReadWakeProbe(ctx context.Context, db DBTX) (WakeProbe, error) {
+	var p WakeProbe
+	if err := db.QueryRow(ctx, `SELECT stepready.wake_count(), pg_catalog.pg_snapshot_xmin(s)::text::bigint,
+		pg_catalog.pg_snapshot_xmax(s)::text::bigint FROM pg_catalog.pg_current_snapshot() AS s`).Scan(
+		&p.Count, &p.XMin, &p.XMax); err != nil {
+		return WakeProbe{}, fmt.Errorf("store: wake probe: %w", err)
+	}
+	return p, nil
+}
+
+// WakeDaemons calls wake_daemons (sql/045_notify.sql): a NOTIFY on stepready_ready in a transaction of its own
+// whose commit does not wait for the WAL flush. Call it on a pool or a connection outside a transaction, after
+// the commit of what it announces.
+func WakeDaemons(ctx context.Context, db DBTX, taskID int64) error {
+	if _, err := db.Exec(ctx, `SELECT stepready.wake_daemons($1)`, taskID); err != nil {
+		return fmt.Errorf("store: wake the daemons: %w", err)
+	}
+	return nil
 }
 
 // NextClaimAt returns when the next claimable step becomes due (nil: none is waiting on a backoff), and the

@@ -70,6 +70,10 @@ INSERT INTO stepready_function_roles (name, roles) VALUES
     -- Signals (SPEC §20): whoever may create a task may signal it, and operators.
     ('send_signal',                '{client,operator}'),
     ('send_signal_to_key',         '{client,operator}'),
+    -- Wake-ups (sql/045_notify.sql): whoever writes may wake the daemons after committing; daemons and
+    -- workers probe the counter.
+    ('wake_daemons',               '{client,worker,operator}'),
+    ('wake_count',                 '{worker}'),
     -- Flow control overrides (SPEC §14).
     ('set_flow_limit',             '{operator}'),
     ('clear_flow_limit',           '{operator}');
@@ -125,6 +129,11 @@ BEGIN
         -- The schema version, which every command and daemon compares with its own at start (migrations.Check).
         IF to_regclass('public.stepready_schema_migrations') IS NOT NULL THEN
             EXECUTE format('GRANT SELECT ON public.stepready_schema_migrations TO %I', v_role);
+        END IF;
+        -- The wake-up counter (schema version 21): wake_count reads it with the caller's rights; every writer's
+        -- trigger advances it (USAGE, granted with the sequences below to the roles that write).
+        IF to_regclass('stepready.wakeups') IS NOT NULL THEN
+            EXECUTE format('GRANT SELECT ON SEQUENCE stepready.wakeups TO %I', v_role);
         END IF;
         -- Internal helpers: executable by every role (see above).
         FOR r IN SELECT p.oid::regprocedure AS fn FROM pg_catalog.pg_proc p

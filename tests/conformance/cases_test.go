@@ -46,8 +46,10 @@ func caseCompletes(c *caseEnv) {
 	require.Equal(t, "complete", status)
 }
 
-// caseWakesOnNotification: with a 30 s poll, a task created while the worker idles is started within seconds:
-// the worker LISTENs on stepready_ready.
+// caseWakesOnNotification: with a 30 s poll, a task created by plain SQL while the worker idles is started within
+// seconds: writing transactions send no NOTIFY (docs/workers.md, "Waking up"), so the worker reads the wake-up
+// counter (wake_count) every probe interval, besides LISTENing on stepready_ready for the NOTIFY that the Go
+// library sends after its commits.
 func caseWakesOnNotification(c *caseEnv) {
 	first := c.createTask(map[string]any{"name": "first", "steps": []any{map[string]any{"name": "a", "handler": "noop"}}})
 	c.start(nil)
@@ -56,7 +58,7 @@ func caseWakesOnNotification(c *caseEnv) {
 	second := c.createTask(map[string]any{"name": "second", "steps": []any{map[string]any{"name": "a", "handler": "noop"}}})
 	c.waitStep(second, "a", wait, "complete")
 	require.Less(c.t, time.Since(created), 10*time.Second,
-		"the step waited for the poll (30 s) instead of the notification")
+		"the step waited for the poll (30 s) instead of the wake-up")
 }
 
 // caseRetriesWithBackoff: `fail` fails twice, then succeeds. Each failure is recorded with its class, the retry

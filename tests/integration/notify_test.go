@@ -2,7 +2,6 @@ package integration
 
 import (
 	"context"
-	"strconv"
 	"testing"
 	"time"
 
@@ -67,7 +66,20 @@ func (l *listener) requireNone() {
 	require.Equal(l.b.t, sentinelPayload, l.next(), "unexpected notification")
 }
 
-func TestNotifyStepreadyReady(t *testing.T) {
+// wakeCount reads the wake-up counter.
+func (b *lifecycleBundle) wakeCount() int64 {
+	b.t.Helper()
+	var n int64
+	require.NoError(b.t, b.db.Pool.QueryRow(b.ctx, `SELECT stepready.wake_count()`).Scan(&n))
+	return n
+}
+
+// SPEC §6 as amended (sql/045_notify.sql): a change that can make steps ready now advances the wake-up counter in
+// its transaction, and no writing transaction sends a NOTIFY (its commit would wait for every other notifying
+// commit of the cluster). Each case: the counter moves exactly when a step became claimable now, and nothing
+// arrives on stepready_ready. Before schema version 21 every "true" case sent a notification and none moved a
+// counter (the function did not exist).
+func TestWakeUpsStepreadyReady(t *testing.T) {
 	t.Parallel()
 	at := pastTime
 	chain := `{"name": "t", "steps": [{"name": "a", "handler": "h"}, {"name": "b", "handler": "h", "depends_on": ["a"]}]}`
@@ -82,6 +94,23 @@ func TestNotifyStepreadyReady(t *testing.T) {
 	}{
 		{"task created", func(b *lifecycleBundle) (int64, func()) {
 			return 0, func() { b.task(chain) }
+		}, true},
+		{"task created by plain INSERTs", func(b *lifecycleBundle) (int64, func()) {
+			return 0, func() {
+				require.NoError(b.t, pgx.BeginFunc(b.ctx, b.db.Pool, func(tx pgx.Tx) error {
+					var id int64
+					if err := tx.QueryRow(b.ctx, `INSERT INTO stepready.tasks (name) VALUES ('t') RETURNING id`).Scan(&id); err != nil {
+						return err
+					}
+					_, err := tx.Exec(b.ctx, `INSERT INTO stepready.steps (task_id, name, handler) VALUES ($1, 'a', 'h')`, id)
+					return err
+				}))
+			}
+		}, true},
+		{"task created with a future run_at", func(b *lifecycleBundle) (int64, func()) {
+			return 0, func() {
+				b.task(`{"name": "t", "run_at": "2200-01-01T00:00:00Z", "steps": [{"name": "a", "handler": "h"}]}`)
+			}
 		}, true},
 		{"parent completed: the child becomes ready", func(b *lifecycleBundle) (int64, func()) {
 			taskID, ids := b.task(chain)
@@ -158,19 +187,62 @@ func TestNotifyStepreadyReady(t *testing.T) {
 			t.Parallel()
 			b := lifecycleSetup(t)
 			l := b.listen()
-			taskID, action := tc.setup(b)
+			_, action := tc.setup(b)
 			l.drain()
+			before := b.wakeCount()
 
 			action()
-			if !tc.notify {
-				l.requireNone()
-				return
+			after := b.wakeCount()
+			if tc.notify {
+				require.Greater(t, after, before, "the wake-up counter moves")
+			} else {
+				require.Equal(t, before, after, "the wake-up counter stays")
 			}
-			if taskID == 0 { // the action created the task
-				require.NoError(t, b.db.Pool.QueryRow(b.ctx, `SELECT max(id) FROM stepready.tasks`).Scan(&taskID))
+			l.requireNone() // no NOTIFY inside a writing transaction
+		})
+	}
+}
+
+// wake_daemons is the NOTIFY sent after a commit: its payload is the task id (0 for none), and in a transaction
+// that has written nothing it makes that transaction's commit asynchronous (it holds the notify lock without
+// waiting for the WAL flush), while a transaction that has written keeps its durable commit.
+func TestWakeDaemons(t *testing.T) {
+	t.Parallel()
+	b := lifecycleSetup(t)
+	l := b.listen()
+	l.drain()
+	b.exec(`SELECT stepready.wake_daemons($1)`, int64(42))
+	require.Equal(t, "42", l.next())
+	b.exec(`SELECT stepready.wake_daemons()`)
+	require.Equal(t, "0", l.next())
+	l.requireNone()
+
+	cases := []struct {
+		name  string
+		write bool
+		want  string
+	}{
+		{"a transaction of its own: asynchronous commit", false, "off"},
+		{"after a write in the same transaction: the commit stays durable", true, "on"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			tx, err := b.db.Pool.Begin(b.ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(b.ctx) }()
+			_, err = tx.Exec(b.ctx, `SET LOCAL synchronous_commit = on`)
+			require.NoError(t, err)
+			if tc.write {
+				_, err = tx.Exec(b.ctx, `SELECT stepready.create_task('{"name": "t", "steps": [{"name": "s", "handler": "h"}]}')`)
+				require.NoError(t, err)
 			}
-			require.Equal(t, strconv.FormatInt(taskID, 10), l.next(), "the payload is the task id")
-			l.requireNone() // one message per task and transaction
+			_, err = tx.Exec(b.ctx, `SELECT stepready.wake_daemons(7)`)
+			require.NoError(t, err)
+			var got string
+			require.NoError(t, tx.QueryRow(b.ctx, `SHOW synchronous_commit`).Scan(&got))
+			require.Equal(t, tc.want, got)
+			require.NoError(t, tx.Commit(b.ctx))
+			require.Equal(t, "7", l.next())
 		})
 	}
 }

@@ -16,8 +16,8 @@ from typing import Optional
 
 from . import builtin
 from .duration import parse_duration
-from .worker import (CONCURRENCY_DEFAULT, LEASE_DEFAULT, POLL_INTERVAL_DEFAULT, REAP_INTERVAL_DEFAULT,
-                     SHUTDOWN_GRACE_DEFAULT, Worker)
+from .worker import (CONCURRENCY_DEFAULT, LEASE_DEFAULT, POLL_INTERVAL_DEFAULT, PROBE_INTERVAL_DEFAULT,
+                     REAP_INTERVAL_DEFAULT, SHUTDOWN_GRACE_DEFAULT, Worker)
 
 
 def _env(name: str, default: Optional[str]) -> Optional[str]:
@@ -60,6 +60,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "%(default)s)")
     p.add_argument("--poll-interval", type=_duration, default=_env("poll-interval", _go(POLL_INTERVAL_DEFAULT)),
                    help="fallback poll when no notification or retry timer wakes the claimer (default %(default)s)")
+    p.add_argument("--probe-interval", type=_duration, default=_env("probe-interval", _go(PROBE_INTERVAL_DEFAULT)),
+                   help="how often to read the wake-up counter, so that work readied without a notification starts "
+                        "within about this long; 0 or off: never (default %(default)s)")
     p.add_argument("--shutdown-grace", type=_duration, default=_env("shutdown-grace", _go(SHUTDOWN_GRACE_DEFAULT)),
                    help="at SIGTERM, how long running attempts may finish before they are handed back (default "
                         "%(default)s)")
@@ -73,7 +76,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
                         "(routing); until then every queue")
     p.add_argument("--log-level", default=_env("log-level", "info"), choices=["debug", "info", "warn", "error"])
     args = p.parse_args(argv)
-    for name in ("lease", "reap_interval", "poll_interval", "shutdown_grace"):
+    for name in ("lease", "reap_interval", "poll_interval", "probe_interval", "shutdown_grace"):
         if isinstance(getattr(args, name), str):
             setattr(args, name, _duration(getattr(args, name)))
     if not args.database_url:
@@ -90,6 +93,7 @@ def main(argv: Optional[list[str]] = None) -> int:
         worker = Worker(args.database_url, concurrency=args.concurrency, lease=args.lease,
                         reap_interval=args.reap_interval or None, poll_interval=args.poll_interval,
                         shutdown_grace=args.shutdown_grace, worker_id=args.worker_id, listen=not args.poll_only,
+                        probe_interval=args.probe_interval or None,
                         queues=[q for q in args.queues.split(",") if q] if args.queues else None)
     except ValueError as e:
         print(f"stepready_worker: {e}", file=sys.stderr)

@@ -43,6 +43,8 @@ LEASE_DEFAULT = 30.0
 LEASE_MIN = 0.3
 REAP_INTERVAL_DEFAULT = 10.0
 POLL_INTERVAL_DEFAULT = 5.0
+PROBE_INTERVAL_DEFAULT = 0.025   # how often the wake-up counter is read (the Go daemon's ProbeIntervalDefault)
+SETTLE_MAX = 1.0                 # re-claims after a move of the counter: the wait doubles up to this
 SHUTDOWN_GRACE_DEFAULT = 10.0
 DEFAULT_TIMEOUT = 300.0          # a step without timeout_ms
 ABANDON_GRACE_DEFAULT = 5.0      # how long a handler may run on after it was asked to stop
@@ -153,8 +155,10 @@ class Worker:
                  shutdown_grace: float = SHUTDOWN_GRACE_DEFAULT, worker_id: Optional[str] = None,
                  listen: bool = True, default_timeout: float = DEFAULT_TIMEOUT,
                  abandon_grace: float = ABANDON_GRACE_DEFAULT, max_output_bytes: int = MAX_OUTPUT_BYTES_DEFAULT,
-                 queues: Optional[Iterable[str]] = None):
+                 queues: Optional[Iterable[str]] = None, probe_interval: Optional[float] = PROBE_INTERVAL_DEFAULT):
         problems = []
+        if probe_interval is not None and probe_interval <= 0:
+            problems.append(f"probe_interval must be more than 0 or None, got {probe_interval}s")
         if concurrency < 1:
             problems.append(f"concurrency must be 1 or more, got {concurrency}")
         if lease < LEASE_MIN:
@@ -181,6 +185,7 @@ class Worker:
         self.shutdown_grace = shutdown_grace
         self.worker_id = worker_id or f"{socket.gethostname()}-{os.getpid()}"
         self.listen = listen
+        self.probe_interval = probe_interval
         self.default_timeout = default_timeout
         self.abandon_grace = abandon_grace
         self.max_output_bytes = max_output_bytes
@@ -258,7 +263,7 @@ class Worker:
         except _Stopped:
             log.info("worker: stopped while waiting for the database")
             return
-        if self.listen:
+        if self.listen or self.probe_interval:
             self._listener = threading.Thread(target=self._listen, name="stepready-listen", daemon=True)
             self._listener.start()
         log.info("worker: %s running: handlers %s, concurrency %d, lease %.3gs, %s", self.worker_id,
@@ -648,27 +653,72 @@ class Worker:
     # -- LISTEN -----------------------------------------------------------------------------------------------
 
     def _listen(self) -> None:
-        """LISTENs on stepready_ready on a connection of its own and wakes the coordinator at every notification;
-        reconnects with backoff, waking it once after each (re)connect since notifications sent meanwhile are
-        lost."""
+        """On a connection of its own: LISTENs on stepready_ready (unless poll-only) and wakes the coordinator at
+        every notification, and reads the wake-up counter (``stepready.wake_count()``) every probe interval,
+        waking the coordinator when it moved, again at doubling intervals up to SETTLE_MAX, then once every
+        transaction running at the move has ended (a transaction advances the counter before it commits). Writing transactions send no NOTIFY since schema
+        version 21, so the probe is how work created by plain SQL or readied by another process starts promptly.
+        Reconnects with backoff, waking the coordinator once after each (re)connect since notifications sent
+        meanwhile are lost."""
         backoff = 0.1
+        probing = self.probe_interval is not None
         while not self._stop.is_set():
             conn = None
             try:
                 conn = psycopg.connect(self.dsn, autocommit=True)
-                conn.execute("LISTEN stepready_ready")
+                if self.listen:
+                    conn.execute("LISTEN stepready_ready")
                 backoff = 0.1
                 self._poke()
+                count: Optional[int] = None
+                recheck_at: Optional[float] = None
+                step = 0.0
+                horizon = 0
+                moved_at = 0.0
+                next_probe = time.monotonic()
                 while not self._stop.is_set():
-                    readable, _, _ = select.select([conn.fileno()], [], [], 0.5)
-                    if not readable:
+                    timeout = max(0.0, next_probe - time.monotonic()) if probing else 0.5
+                    readable = []
+                    if self.listen:
+                        readable, _, _ = select.select([conn.fileno()], [], [], timeout)
+                    else:
+                        self._stop.wait(timeout)
+                    if readable:
+                        conn.pgconn.consume_input()  # raises when the connection is gone
+                        got = False
+                        while conn.pgconn.notifies() is not None:
+                            got = True
+                        if got:
+                            self._poke()
+                    if not probing or time.monotonic() < next_probe:
                         continue
-                    conn.pgconn.consume_input()  # raises when the connection is gone
-                    got = False
-                    while conn.pgconn.notifies() is not None:
-                        got = True
-                    if got:
+                    now = time.monotonic()
+                    next_probe = now + self.probe_interval
+                    try:
+                        n, xmin, xmax = conn.execute(
+                            "SELECT stepready.wake_count(), pg_snapshot_xmin(s)::text::bigint,"
+                            " pg_snapshot_xmax(s)::text::bigint FROM pg_current_snapshot() AS s").fetchone()
+                    except psycopg.errors.UndefinedFunction:
+                        log.info("worker: the database has no wake-up counter (schema before version 21): not probing")
+                        probing = False
+                        continue
+                    if count is not None and n != count:
+                        # Claim now, again at doubling intervals up to SETTLE_MAX, then once more when every
+                        # transaction running at the move (ids below xmax) has ended: the counter moves before
+                        # the transaction that moved it commits.
+                        step = self.probe_interval
+                        recheck_at = now + step
+                        horizon = max(horizon, xmax)
+                        moved_at = now
                         self._poke()
+                    elif recheck_at is not None and now >= recheck_at:
+                        if step >= SETTLE_MAX and (xmin >= horizon or now - moved_at > self.poll_interval):
+                            recheck_at, horizon = None, 0
+                        else:
+                            step = min(step * 2, SETTLE_MAX)
+                            recheck_at = now + step
+                        self._poke()
+                    count = n
             except (psycopg.Error, OSError, ValueError) as e:
                 if self._stop.is_set():
                     break
